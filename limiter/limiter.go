@@ -1,0 +1,276 @@
+// Package limiter holds the token buckets that mdproxy puts on each route: a global
+// bucket per route (golang.org/x/time/rate) and, optionally, a per-client share inside it
+// (github.com/go-chi/httprate). It knows route names only as opaque strings; which HTTP
+// requests belong to which route is the proxy package's business.
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/httprate"
+	"golang.org/x/time/rate"
+)
+
+// Limit is the budget of one route.
+//
+// The zero Limit allows everything: no global bucket, no per-client share.
+type Limit struct {
+	// Rate is the refill rate of the route's global token bucket, in requests per
+	// second; fractions are allowed (0.5 = one request every 2 seconds). 0 means no
+	// global limit.
+	Rate float64 `env:"RATE"`
+	// Burst is the capacity of the global bucket, in requests: how many requests may
+	// pass at once after a quiet period. 0 means one second's worth of tokens,
+	// ceil(Rate), and at least 1.
+	Burst int `env:"BURST"`
+	// MaxWait is how long a request may wait for a token before it is rejected, as
+	// nginx's limit_req burst without nodelay does. 0 rejects at once.
+	MaxWait time.Duration `env:"MAX_WAIT"`
+	// ClientLimit is each client's share of the route: at most ClientLimit requests per
+	// ClientWindow per client key (sliding window, go-chi/httprate). 0 turns the
+	// per-client share off.
+	ClientLimit int `env:"CLIENT_LIMIT"`
+	// ClientWindow is the window of ClientLimit. Zero is read as one second.
+	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
+}
+
+// Unlimited reports whether l lets every request through at once.
+func (l Limit) Unlimited() bool { return l.Rate == 0 && l.ClientLimit == 0 }
+
+// Outcome is what a Bucket decided for one request.
+type Outcome int
+
+const (
+	// Allowed: a token was free at once.
+	Allowed Outcome = iota
+	// Delayed: the request waited for its token (no longer than MaxWait) and may go on.
+	Delayed
+	// Rejected: no token would be free within MaxWait. No token was consumed.
+	Rejected
+	// RejectedClient: the global bucket had room but the client used up its share. No
+	// token of the global bucket was consumed.
+	RejectedClient
+	// Canceled: the request's context ended while it waited; its token was given back.
+	Canceled
+)
+
+// String returns the outcome's metric label: allowed, delayed, rejected,
+// rejected_client or canceled.
+func (o Outcome) String() string {
+	switch o {
+	case Allowed:
+		return "allowed"
+	case Delayed:
+		return "delayed"
+	case Rejected:
+		return "rejected"
+	case RejectedClient:
+		return "rejected_client"
+	case Canceled:
+		return "canceled"
+	}
+	return "unknown"
+}
+
+// Decision is the answer of Bucket.Acquire.
+type Decision struct {
+	Outcome Outcome
+	// Waited is how long the request was held before it was let through (Delayed) or
+	// gave up (Canceled); 0 otherwise.
+	Waited time.Duration
+	// RetryAfter is, for Rejected, the time until a token of the global bucket is free;
+	// for RejectedClient, the client window. 0 for the other outcomes.
+	RetryAfter time.Duration
+}
+
+// Pass reports whether the request may go on to the upstream.
+func (d Decision) Pass() bool { return d.Outcome == Allowed || d.Outcome == Delayed }
+
+// RetryAfterSeconds returns RetryAfter as the value of a Retry-After header: whole
+// seconds, rounded up, at least 1 (RFC 9110, section 10.2.3, allows only whole seconds).
+// A microsecond of slack absorbs floating-point noise, so that exactly 10 s stays 10.
+func (d Decision) RetryAfterSeconds() int {
+	s := int(math.Ceil(d.RetryAfter.Seconds() - 1e-6))
+	return max(s, 1)
+}
+
+// Bucket is the budget of one route: a global token bucket and an optional per-client
+// share. A nil *Bucket allows everything. A Bucket is safe for concurrent use.
+type Bucket struct {
+	limit Limit
+	now   func() time.Time
+
+	// mu makes "look at the bucket, check the client, take the token" one step, so that
+	// a rejected request never takes a token and concurrent requests never overdraw.
+	mu     sync.Mutex
+	global *rate.Limiter         // nil when Rate == 0
+	client *httprate.RateLimiter // nil when ClientLimit == 0
+}
+
+// NewBucket returns the bucket for l. now is the clock of the global bucket (nil means
+// time.Now); tests pass a fake clock. The per-client share always uses the real clock
+// (httprate has no clock to inject). It returns an error when l is not valid.
+func NewBucket(l Limit, now func() time.Time) (*Bucket, error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if l.Rate > 0 && l.Burst == 0 {
+		l.Burst = max(1, int(math.Ceil(l.Rate)))
+	}
+	b := &Bucket{limit: l, now: now}
+	if l.Rate > 0 {
+		// A new bucket starts full: its burst is available at once.
+		b.global = rate.NewLimiter(rate.Limit(l.Rate), l.Burst)
+	}
+	if l.ClientLimit > 0 {
+		window := l.ClientWindow
+		if window == 0 {
+			window = time.Second
+		}
+		// No response headers: the proxy writes its own Retry-After.
+		b.client = httprate.NewRateLimiter(l.ClientLimit, window,
+			httprate.WithResponseHeaders(httprate.ResponseHeaders{}))
+	}
+	return b, nil
+}
+
+func (l Limit) validate() error {
+	if err := l.check(); err != nil {
+		return fmt.Errorf("%s %s", strings.ToLower(strings.ReplaceAll(err.Var, "_", " ")), err.Want)
+	}
+	return nil
+}
+
+// fieldError names the env suffix of the invalid field (RATE, BURST...) and what it
+// accepts.
+type fieldError struct{ Var, Want string }
+
+func (l Limit) check() *fieldError {
+	switch {
+	case l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
+		return &fieldError{"RATE", "want a number of requests per second >= 0, fractions allowed (e.g. 0.5); 0 = no limit"}
+	case l.Burst < 0:
+		return &fieldError{"BURST", "want a whole number of requests >= 0; 0 = ceil(rate), at least 1"}
+	case l.MaxWait < 0:
+		return &fieldError{"MAX_WAIT", "want a duration >= 0 with its unit (e.g. 500ms, 2s); 0 = reject at once"}
+	case l.ClientLimit < 0:
+		return &fieldError{"CLIENT_LIMIT", "want a whole number of requests per window >= 0; 0 = off"}
+	case l.ClientWindow < 0:
+		return &fieldError{"CLIENT_WINDOW", "want a duration >= 0 with its unit (e.g. 1s, 1m); 0 = 1s"}
+	}
+	return nil
+}
+
+// Limit returns the configuration the bucket was built with, Burst filled in.
+func (b *Bucket) Limit() Limit {
+	if b == nil {
+		return Limit{}
+	}
+	return b.limit
+}
+
+// Acquire decides whether the request r of client (the per-client key: an apikey or a
+// client address, never logged) may go on. When no token is free now but one will be
+// within MaxWait, Acquire blocks until then, or until ctx ends (outcome Canceled, the
+// token given back). Rejections return at once and consume nothing.
+//
+// r is only handed to httprate, which reads its context; it is not read otherwise.
+func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) Decision {
+	if b == nil || (b.global == nil && b.client == nil) {
+		return Decision{Outcome: Allowed}
+	}
+	now := b.now()
+	b.mu.Lock()
+	var delay time.Duration
+	if b.global != nil {
+		delay = b.delayAt(now)
+		if delay > b.limit.MaxWait {
+			b.mu.Unlock()
+			return Decision{Outcome: Rejected, RetryAfter: delay}
+		}
+	}
+	if b.client != nil && b.client.OnLimit(discardHeaders{}, r, client) {
+		b.mu.Unlock()
+		window := b.limit.ClientWindow
+		if window == 0 {
+			window = time.Second
+		}
+		return Decision{Outcome: RejectedClient, RetryAfter: window}
+	}
+	var res *rate.Reservation
+	if b.global != nil {
+		res = b.global.ReserveN(now, 1)
+	}
+	b.mu.Unlock()
+	if delay <= 0 {
+		return Decision{Outcome: Allowed}
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return Decision{Outcome: Delayed, Waited: delay}
+	case <-ctx.Done():
+		// x/time/rate gives back as much of the token as later reservations allow.
+		res.CancelAt(b.now())
+		return Decision{Outcome: Canceled, Waited: b.now().Sub(now)}
+	}
+}
+
+// delayAt is how long a request arriving at now waits for a token of the global bucket.
+// The caller holds b.mu.
+func (b *Bucket) delayAt(now time.Time) time.Duration {
+	missing := 1 - b.global.TokensAt(now)
+	if missing <= 0 {
+		return 0
+	}
+	return time.Duration(missing / b.limit.Rate * float64(time.Second))
+}
+
+// discardHeaders is the http.ResponseWriter handed to httprate, which is configured to
+// write no header: the proxy answers rejections itself.
+type discardHeaders struct{}
+
+func (discardHeaders) Header() http.Header         { return http.Header{} }
+func (discardHeaders) Write(b []byte) (int, error) { return len(b), nil }
+func (discardHeaders) WriteHeader(int)             {}
+
+// Set is the buckets of every route, keyed by route name. A route without a bucket is
+// unlimited. A Set is read-only after NewSet and safe for concurrent use.
+type Set struct {
+	buckets map[string]*Bucket
+}
+
+// NewSet builds one bucket per entry of limits (route name to Limit), all on the clock
+// now (nil means time.Now). It returns the first invalid limit's error, naming its route.
+func NewSet(limits map[string]Limit, now func() time.Time) (*Set, error) {
+	s := &Set{buckets: make(map[string]*Bucket, len(limits))}
+	for route, l := range limits {
+		if l.Unlimited() {
+			continue
+		}
+		b, err := NewBucket(l, now)
+		if err != nil {
+			return nil, fmt.Errorf("route %s: %w", route, err)
+		}
+		s.buckets[route] = b
+	}
+	return s, nil
+}
+
+// Bucket returns the bucket of route, or nil (unlimited) when the route has none.
+func (s *Set) Bucket(route string) *Bucket {
+	if s == nil {
+		return nil
+	}
+	return s.buckets[route]
+}

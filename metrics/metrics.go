@@ -1,0 +1,173 @@
+// Package metrics holds mdproxy's Prometheus collectors. They are registered on the
+// registry passed to New, never on the global one, under the namespace "mdproxy".
+//
+// Every label value comes from a fixed set, so that the number of series stays bounded
+// whatever clients send: route is a route name of the proxy's route table, method is
+// one of Methods or OTHER, code is an HTTP status code (499 for a client that went
+// away), decision is a limiter outcome, kind an upstream error kind. A raw path, a
+// data_id, an apikey or an address is never a label.
+package metrics
+
+import (
+	"net/http"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Namespace prefixes every metric of mdproxy.
+const Namespace = "mdproxy"
+
+// Methods are the HTTP methods kept as method label values; any other is OTHER.
+var Methods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions,
+}
+
+// Method returns the label value of an HTTP method: the method itself when it is one of
+// Methods, else "OTHER" (as Caddy's SanitizeMethod does).
+func Method(m string) string {
+	for _, known := range Methods {
+		if m == known {
+			return m
+		}
+	}
+	return "OTHER"
+}
+
+// Upstream error kinds, the values of the kind label of UpstreamErrors.
+const (
+	KindRefused  = "refused"  // connection refused: nothing listens upstream
+	KindReset    = "reset"    // connection reset or closed before a full response
+	KindTimeout  = "timeout"  // no response headers within the upstream timeout, or dial timeout
+	KindCanceled = "canceled" // the client went away first (answered 499)
+	KindOther    = "other"    // any other transport error (DNS, TLS...)
+)
+
+// Metrics is the set of collectors the proxy updates. Its fields are safe for
+// concurrent use, as every client_golang collector is.
+type Metrics struct {
+	// Requests counts answered requests by route, method and code (status sent, 499
+	// when the client went away first).
+	Requests *prometheus.CounterVec
+	// Decisions counts limiter outcomes by route and decision (allowed, delayed,
+	// rejected, rejected_client, canceled). Unlimited routes count as allowed.
+	Decisions *prometheus.CounterVec
+	// Duration observes the whole time of a request in the proxy, limiter wait
+	// included, by route, in seconds.
+	Duration *prometheus.HistogramVec
+	// UpstreamDuration observes the time from sending a request upstream to receiving
+	// its response headers, by route, in seconds.
+	UpstreamDuration *prometheus.HistogramVec
+	// UpstreamErrors counts failed upstream round trips by route and kind.
+	UpstreamErrors *prometheus.CounterVec
+	// InFlight is the number of requests being served, by route.
+	InFlight *prometheus.GaugeVec
+	// RequestBytes counts request body bytes read from clients, by route.
+	RequestBytes *prometheus.CounterVec
+	// ResponseBytes counts response body bytes written to clients, by route.
+	ResponseBytes *prometheus.CounterVec
+	// LimitRate is the configured rate of each route's bucket, in requests per second
+	// (0: unlimited).
+	LimitRate *prometheus.GaugeVec
+	// LimitBurst is the configured burst of each route's bucket, in requests.
+	LimitBurst *prometheus.GaugeVec
+	// LimitMaxWait is the configured maximum wait of each route, in seconds.
+	LimitMaxWait *prometheus.GaugeVec
+}
+
+// durationBuckets span a fast rejection (100 µs) to a slow poll under load (60 s).
+var durationBuckets = []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// New creates the collectors and registers them on reg, together with the Go and
+// process collectors and mdproxy_build_info. It panics if one is already registered
+// on reg (promauto's behaviour): call it once per registry.
+func New(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
+	m := &Metrics{
+		Requests: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "requests_total",
+			Help: "Requests answered, by route, method and status code (499: the client went away).",
+		}, []string{"route", "method", "code"}),
+		Decisions: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "limiter_decisions_total",
+			Help: "Token bucket decisions by route and decision (allowed, delayed, rejected, rejected_client, canceled).",
+		}, []string{"route", "decision"}),
+		Duration: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "request_duration_seconds",
+			Help:    "Time from receiving a request to the end of its answer, limiter wait included, by route.",
+			Buckets: durationBuckets,
+		}, []string{"route"}),
+		UpstreamDuration: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "upstream_duration_seconds",
+			Help:    "Time from sending a request to Core to receiving its response headers, by route.",
+			Buckets: durationBuckets,
+		}, []string{"route"}),
+		UpstreamErrors: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "upstream_errors_total",
+			Help: "Failed round trips to Core by route and kind (refused, reset, timeout, canceled, other).",
+		}, []string{"route", "kind"}),
+		InFlight: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "in_flight_requests",
+			Help: "Requests being served, waiting for a token included, by route.",
+		}, []string{"route"}),
+		RequestBytes: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "request_body_bytes_total",
+			Help: "Request body bytes read from clients and sent to Core, by route.",
+		}, []string{"route"}),
+		ResponseBytes: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "response_body_bytes_total",
+			Help: "Response body bytes written to clients, by route.",
+		}, []string{"route"}),
+		LimitRate: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "limit_rate_requests_per_second",
+			Help: "Configured token bucket rate by route, in requests per second (0: unlimited).",
+		}, []string{"route"}),
+		LimitBurst: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "limit_burst_requests",
+			Help: "Configured token bucket burst by route, in requests.",
+		}, []string{"route"}),
+		LimitMaxWait: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "limit_max_wait_seconds",
+			Help: "Configured longest wait for a token by route, in seconds (0: reject at once).",
+		}, []string{"route"}),
+	}
+	version, revision := buildVersion()
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels tell the version, VCS revision and Go version mdproxy was built with.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": goVersion()},
+	}, func() float64 { return 1 })
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// buildVersion reads the main module's version and VCS revision from the binary.
+func buildVersion() (version, revision string) {
+	version, revision = "unknown", "unknown"
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return
+	}
+	if v := info.Main.Version; v != "" {
+		version = v
+	}
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			revision = s.Value
+		}
+	}
+	return
+}
+
+func goVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		return info.GoVersion
+	}
+	return "unknown"
+}

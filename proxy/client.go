@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// ClientKey returns the key of r's per-client share: "apikey:" and the apikey header
+// when r has one (Core's session and API keys), else "addr:" and ClientAddr. The key is
+// handed to the limiter only; it is never logged nor a metric label.
+func ClientKey(r *http.Request, trusted []netip.Prefix) string {
+	if k := r.Header.Get("apikey"); k != "" {
+		return "apikey:" + k
+	}
+	return "addr:" + ClientAddr(r, trusted).String()
+}
+
+// ClientAddr returns the address of r's client: the TCP peer, unless the peer is in
+// trusted; then the rightmost X-Forwarded-For entry that is not in trusted (entries
+// right of it were added by trusted proxies, entries left of it could be forged). If
+// every entry is trusted, the leftmost is the client; if an entry does not parse, the
+// last trusted address before it is. X-Real-IP is read only when a trusted peer sent no
+// X-Forwarded-For. A header sent by an untrusted peer never changes the answer.
+//
+// It returns the zero netip.Addr when r.RemoteAddr does not parse (never for requests
+// from net/http's server).
+func ClientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
+	peer := parseAddr(r.RemoteAddr)
+	if !isTrusted(peer, trusted) {
+		return peer
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	if len(hops) == 0 {
+		if a := parseAddr(r.Header.Get("X-Real-IP")); a.IsValid() {
+			return a
+		}
+		return peer
+	}
+	client := peer
+	for i := len(hops) - 1; i >= 0; i-- {
+		a := parseAddr(hops[i])
+		if !a.IsValid() {
+			return client
+		}
+		client = a
+		if !isTrusted(a, trusted) {
+			return a
+		}
+	}
+	return client
+}
+
+// parseAddr reads "ip", "ip:port" or "[ipv6]:port", unmapping IPv4-in-IPv6.
+func parseAddr(s string) netip.Addr {
+	s = strings.TrimSpace(s)
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap()
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap()
+	}
+	return netip.Addr{}
+}
+
+func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
+	if !a.IsValid() {
+		return false
+	}
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

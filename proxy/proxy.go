@@ -1,0 +1,392 @@
+// Package proxy is mdproxy's HTTP side: the route table of Core's API, the chi router
+// that names each request's route, the token bucket check, and the streaming reverse
+// proxy to Core with Core-style error bodies.
+//
+// Data flows one way: request -> route name -> limiter decision -> upstream or limit
+// response -> metrics.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// StatusClientClosedRequest is the code counted (never sent) for a request whose client
+// went away before its answer: nginx's 499.
+const StatusClientClosedRequest = 499
+
+// Limits is what the proxy needs of the limiter: the bucket of a route, nil for an
+// unlimited route.
+type Limits interface {
+	Bucket(route string) *limiter.Bucket
+}
+
+var _ Limits = (*limiter.Set)(nil)
+
+// Options configures New.
+type Options struct {
+	// Upstream is Core's base URL, e.g. http://127.0.0.1:8008. Required.
+	Upstream *url.URL
+	// Transport carries requests to Core. nil means NewTransport(TransportOptions{}).
+	Transport http.RoundTripper
+	// Limits gives each route's bucket. nil means no limit on any route.
+	Limits Limits
+	// Metrics receives every count and timing. Required.
+	Metrics *metrics.Metrics
+	// LimitStatus is the status of a rejected request: 503 (zero value), as Core itself
+	// answers when busy, or 429 (RFC 6585).
+	LimitStatus int
+	// TrustedProxies are the peers whose X-Forwarded-For is believed when keying
+	// per-client shares. Empty: the TCP peer is always the client.
+	TrustedProxies []netip.Prefix
+	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
+	UpstreamTimeout time.Duration
+	// Logger receives errors worth a line. nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Proxy is the http.Handler that forwards Core's API. It is safe for concurrent use.
+type Proxy struct {
+	router  *chi.Mux
+	other   *route
+	metrics *metrics.Metrics
+}
+
+// route is the per-route state built once: its bucket, its reverse proxy and its metric
+// children, so that serving a request looks nothing up by label.
+type route struct {
+	name            string
+	bucket          *limiter.Bucket
+	perClient       bool
+	submit          bool // POST /file: Content-Length required
+	proxy           *httputil.ReverseProxy
+	requests        *prometheus.CounterVec
+	decisions       [limiter.Canceled + 1]prometheus.Counter
+	duration        prometheus.Observer
+	upstreamDur     prometheus.Observer
+	upstreamErrors  map[string]prometheus.Counter
+	inFlight        prometheus.Gauge
+	requestBytes    prometheus.Counter
+	responseBytes   prometheus.Counter
+	limitStatus     int
+	trusted         []netip.Prefix
+	upstreamTimeout time.Duration
+	log             *slog.Logger
+}
+
+// New returns the proxy for opts. It returns an error when a required option is missing
+// or LimitStatus is neither 0, 429 nor 503.
+func New(opts Options) (*Proxy, error) {
+	if opts.Upstream == nil || opts.Upstream.Host == "" {
+		return nil, errors.New("proxy: upstream URL with a host is required")
+	}
+	if opts.Metrics == nil {
+		return nil, errors.New("proxy: metrics are required")
+	}
+	switch opts.LimitStatus {
+	case 0:
+		opts.LimitStatus = http.StatusServiceUnavailable
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+	default:
+		return nil, fmt.Errorf("proxy: limit status %d: want 503 or 429", opts.LimitStatus)
+	}
+	if opts.Transport == nil {
+		opts.Transport = NewTransport(TransportOptions{})
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Limits == nil {
+		opts.Limits = (*limiter.Set)(nil)
+	}
+
+	p := &Proxy{router: chi.NewMux(), metrics: opts.Metrics}
+	p.router.Use(p.canonicalize)
+	for _, rt := range Routes {
+		h := newRoute(rt.Name, opts)
+		h.submit = rt.Name == "submit"
+		for _, pattern := range rt.Patterns {
+			switch rt.Method {
+			case "*":
+				p.router.Handle(pattern, h)
+			case http.MethodGet:
+				p.router.Method(http.MethodGet, pattern, h)
+				p.router.Method(http.MethodHead, pattern, h)
+			default:
+				p.router.Method(rt.Method, pattern, h)
+			}
+		}
+	}
+	p.other = newRoute(RouteOther, opts)
+	p.router.NotFound(p.other.ServeHTTP)
+	p.router.MethodNotAllowed(p.other.ServeHTTP)
+	return p, nil
+}
+
+func newRoute(name string, opts Options) *route {
+	m := opts.Metrics
+	rt := &route{
+		name:            name,
+		bucket:          opts.Limits.Bucket(name),
+		requests:        m.Requests,
+		duration:        m.Duration.WithLabelValues(name),
+		upstreamDur:     m.UpstreamDuration.WithLabelValues(name),
+		upstreamErrors:  map[string]prometheus.Counter{},
+		inFlight:        m.InFlight.WithLabelValues(name),
+		requestBytes:    m.RequestBytes.WithLabelValues(name),
+		responseBytes:   m.ResponseBytes.WithLabelValues(name),
+		limitStatus:     opts.LimitStatus,
+		trusted:         opts.TrustedProxies,
+		upstreamTimeout: opts.UpstreamTimeout,
+		log:             opts.Logger.With("route", name),
+	}
+	for o := limiter.Allowed; o <= limiter.Canceled; o++ {
+		rt.decisions[o] = m.Decisions.WithLabelValues(name, o.String())
+	}
+	for _, kind := range []string{metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther} {
+		rt.upstreamErrors[kind] = m.UpstreamErrors.WithLabelValues(name, kind)
+	}
+	l := rt.bucket.Limit()
+	rt.perClient = l.ClientLimit > 0
+	m.LimitRate.WithLabelValues(name).Set(l.Rate)
+	m.LimitBurst.WithLabelValues(name).Set(float64(l.Burst))
+	m.LimitMaxWait.WithLabelValues(name).Set(l.MaxWait.Seconds())
+
+	upstream := opts.Upstream
+	rt.proxy = &httputil.ReverseProxy{
+		// Rewrite, not Director: hop-by-hop headers named in Connection are removed after
+		// the rewrite, not before it (golang/go#53002).
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream) // keeps the client's path spelling and encoding
+			pr.SetXForwarded()
+		},
+		Transport:     timedTransport{next: opts.Transport, observe: rt.upstreamDur},
+		FlushInterval: -1, // stream bodies as they come (downloads, long answers)
+		ErrorHandler:  rt.upstreamError,
+		ErrorLog:      slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
+	}
+	return rt
+}
+
+// ServeHTTP routes r by its canonical path and serves it on its route.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.router.ServeHTTP(w, r)
+}
+
+// canonicalize makes chi route by CanonicalPath, and refuses with 400 the paths that
+// have none.
+func (p *Proxy) canonicalize(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cp, ok := CanonicalPath(r.URL)
+		if !ok {
+			p.other.refuse(w, r, http.StatusBadRequest,
+				"Invalid path: encoded slashes, backslashes and NUL bytes are not accepted.")
+			return
+		}
+		chi.RouteContext(r.Context()).RoutePath = cp
+		next.ServeHTTP(w, r)
+	})
+}
+
+// refuse answers r on rt without forwarding it, counting it like any other request.
+func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	start := time.Now()
+	rt.inFlight.Inc()
+	defer rt.inFlight.Dec()
+	rec := &recorder{ResponseWriter: w}
+	writeError(rec, status, msg)
+	rt.finish(rec, r, start)
+}
+
+// ServeHTTP takes a token from the route's bucket, then forwards r to Core; or answers
+// the limit response without reading r's body.
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rt.inFlight.Inc()
+	defer rt.inFlight.Dec()
+	rec := &recorder{ResponseWriter: w}
+	defer func() {
+		if v := recover(); v != nil {
+			// ReverseProxy aborts a response whose body copy from Core failed: the
+			// client sees the connection cut, and it is counted as a reset.
+			if v == http.ErrAbortHandler {
+				rt.upstreamErrors[metrics.KindReset].Inc()
+			}
+			rt.finish(rec, r, start)
+			panic(v)
+		}
+		rt.finish(rec, r, start)
+	}()
+
+	var client string
+	if rt.perClient {
+		client = ClientKey(r, rt.trusted)
+	}
+	d := rt.bucket.Acquire(r.Context(), r, client)
+	rt.decisions[d.Outcome].Inc()
+	switch d.Outcome {
+	case limiter.Rejected, limiter.RejectedClient:
+		rec.Header().Set("Retry-After", strconv.Itoa(d.RetryAfterSeconds()))
+		scope := "route " + rt.name
+		if d.Outcome == limiter.RejectedClient {
+			scope = "this client on route " + rt.name
+		}
+		writeError(rec, rt.limitStatus, "Too many requests for "+scope+". Try again later.")
+		return
+	case limiter.Canceled:
+		rec.status = StatusClientClosedRequest
+		return
+	}
+
+	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
+	// before a byte of the body is read, so that nothing is forwarded.
+	if rt.submit && r.ContentLength < 0 {
+		writeError(rec, http.StatusLengthRequired, "Content-Length is required: chunked uploads are not supported.")
+		return
+	}
+	var body *countingBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &countingBody{ReadCloser: r.Body}
+		r.Body = body
+		defer func() { rt.requestBytes.Add(float64(body.n.Load())) }()
+	}
+	rt.proxy.ServeHTTP(rec, r)
+}
+
+// finish counts the request once its answer is over.
+func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	rt.requests.WithLabelValues(rt.name, metrics.Method(r.Method), strconv.Itoa(status)).Inc()
+	rt.responseBytes.Add(float64(rec.bytes))
+	rt.duration.Observe(time.Since(start).Seconds())
+}
+
+// upstreamError is the ReverseProxy's ErrorHandler: it maps a failed round trip to 502
+// (refused, reset), 504 (no response headers in time) or 499 (the client went away
+// first: counted, nothing sent), with a Core-style JSON body.
+func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	rec, _ := w.(*recorder)
+	kind := classify(r, err)
+	rt.upstreamErrors[kind].Inc()
+	switch kind {
+	case metrics.KindCanceled:
+		// A client whose upload broke may still be there to read why.
+		if r.Context().Err() == nil {
+			writeError(w, http.StatusBadRequest, "The request body ended before its Content-Length.")
+		}
+		if rec != nil {
+			rec.status = StatusClientClosedRequest
+		}
+	case metrics.KindTimeout:
+		writeError(w, http.StatusGatewayTimeout,
+			fmt.Sprintf("Core did not answer within %v.", rt.upstreamTimeout))
+		rt.log.Debug("upstream timeout", "err", err)
+	default:
+		writeError(w, http.StatusBadGateway, "Core could not be reached: "+kind+".")
+		rt.log.Debug("upstream error", "kind", kind, "err", err)
+	}
+}
+
+// classify names the kind of a round trip error.
+func classify(r *http.Request, err error) string {
+	var body *countingBody
+	if b, ok := r.Body.(*countingBody); ok {
+		body = b
+	}
+	var ne net.Error
+	switch {
+	case r.Context().Err() != nil, body != nil && body.failed():
+		return metrics.KindCanceled
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return metrics.KindTimeout
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return metrics.KindRefused
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return metrics.KindReset
+	}
+	return metrics.KindOther
+}
+
+// timedTransport observes the time to Core's response headers.
+type timedTransport struct {
+	next    http.RoundTripper
+	observe prometheus.Observer
+}
+
+func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	if err == nil {
+		t.observe.Observe(time.Since(start).Seconds())
+	}
+	return resp, err
+}
+
+// countingBody counts the request body bytes read, and remembers whether reading failed
+// for another reason than its end (the client went away mid-upload). It is read by the
+// transport's goroutine and inspected by the handler's, hence the atomics.
+type countingBody struct {
+	io.ReadCloser
+	n      atomic.Int64
+	broken atomic.Bool
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		b.broken.Store(true)
+	}
+	return n, err
+}
+
+func (b *countingBody) failed() bool { return b.broken.Load() }
+
+// recorder remembers the status and body size of an answer. It unwraps to the
+// connection's writer, so that http.ResponseController (and so ReverseProxy's flushes)
+// reach it.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
