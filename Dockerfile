@@ -1,0 +1,15 @@
+# syntax=docker/dockerfile:1
+# Build a static mdproxy binary, then ship it alone on a distroless base as non-root.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/mdproxy ./cmd/mdproxy
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/mdproxy /mdproxy
+USER nonroot:nonroot
+# 8009: Core's API, proxied. 9009: /metrics, /healthz, /readyz of the proxy itself.
+EXPOSE 8009 9009
+ENTRYPOINT ["/mdproxy"]
