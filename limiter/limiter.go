@@ -188,8 +188,8 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 	if b == nil || (b.global == nil && b.client == nil) {
 		return Decision{Outcome: Allowed}
 	}
-	now := b.now()
 	b.mu.Lock()
+	now := b.now() // read under the lock, so that instants reach the bucket in order
 	var delay time.Duration
 	if b.global != nil {
 		delay = b.delayAt(now)

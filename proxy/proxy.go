@@ -179,7 +179,6 @@ func newRoute(name string, opts Options) *route {
 			pr.SetXForwarded()
 		},
 		Transport:     timedTransport{next: opts.Transport, observe: rt.upstreamDur},
-		FlushInterval: -1, // stream bodies as they come (downloads, long answers)
 		ErrorHandler:  rt.upstreamError,
 		ErrorLog:      slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
 	}
@@ -225,10 +224,15 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w}
 	defer func() {
 		if v := recover(); v != nil {
-			// ReverseProxy aborts a response whose body copy from Core failed: the
-			// client sees the connection cut, and it is counted as a reset.
+			// ReverseProxy aborts a response whose body copy failed: the client sees
+			// the connection cut. Either the client left (499) or Core reset.
 			if v == http.ErrAbortHandler {
-				rt.upstreamErrors[metrics.KindReset].Inc()
+				if r.Context().Err() != nil {
+					rec.status = StatusClientClosedRequest
+					rt.upstreamErrors[metrics.KindCanceled].Inc()
+				} else {
+					rt.upstreamErrors[metrics.KindReset].Inc()
+				}
 			}
 			rt.finish(rec, r, start)
 			panic(v)
