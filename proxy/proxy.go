@@ -178,9 +178,9 @@ func newRoute(name string, opts Options) *route {
 			pr.SetURL(upstream) // keeps the client's path spelling and encoding
 			pr.SetXForwarded()
 		},
-		Transport:     timedTransport{next: opts.Transport, observe: rt.upstreamDur},
-		ErrorHandler:  rt.upstreamError,
-		ErrorLog:      slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
+		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur},
+		ErrorHandler: rt.upstreamError,
+		ErrorLog:     slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
 	}
 	return rt
 }
