@@ -263,7 +263,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
 	// before a byte of the body is read, so that nothing is forwarded.
 	if rt.submit && r.ContentLength < 0 {
-		writeError(rec, http.StatusLengthRequired, "Content-Length is required: chunked uploads are not supported.")
+		writeError(rec, http.StatusLengthRequired, "Missing Content-Length header.")
 		return
 	}
 	var body *countingBody

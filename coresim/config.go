@@ -1,0 +1,165 @@
+package coresim
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/mdproxy/mdproxy/internal/envconf"
+)
+
+// EnvPrefix starts every variable of the emulator.
+const EnvPrefix = "CORESIM_"
+
+// Config is the emulator's configuration, read from CORESIM_* variables by LoadConfig.
+// Durations marked virtual are in the emulator's virtual time (see Speedup).
+type Config struct {
+	// ListenAddr serves Core's API. Default 127.0.0.1:8008, Core's port.
+	ListenAddr string `env:"LISTEN_ADDR" envDefault:"127.0.0.1:8008"`
+	// AdminAddr serves the emulator's /metrics. Default 127.0.0.1:9008; empty: none.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9008"`
+
+	// Cores is the number of virtual cores. Default 8, the published benchmark's host.
+	Cores int `env:"CORES" envDefault:"8"`
+	// Speedup is how many virtual seconds pass in one real second (1 = real time). It
+	// scales every cost, delay, retention and rate of the emulator. Default 1.
+	Speedup float64 `env:"SPEEDUP" envDefault:"1"`
+	// Tick is the real-time step at which the model advances. Default 5ms.
+	Tick time.Duration `env:"TICK" envDefault:"5ms"`
+	// QueueSize is the maximum scan queue, in files: beyond it POST /file answers 503
+	// "Server is too busy. Try again later.". Default 4000, as in the benchmark.
+	QueueSize int `env:"QUEUE_SIZE" envDefault:"4000"`
+	// ReadyQueue: GET /readyz answers 503 while more files than this wait in the queue.
+	// Default 3600 (90% of the default queue).
+	ReadyQueue int `env:"READY_QUEUE" envDefault:"3600"`
+	// Engines are the AV engines that scan every object. Default: the benchmark's seven.
+	Engines []string `env:"ENGINES" envSeparator:"," envDefault:"AhnLab,Avira,Bitdefender,ESET,K7,Quick Heal,Vir.IT Explorer"`
+
+	// ScanCostObject is the virtual core time to scan one object with all engines.
+	ScanCostObject time.Duration `env:"SCAN_COST_OBJECT" envDefault:"90ms"`
+	// ScanCostMiB is the virtual core time to scan one MiB of object data with all
+	// engines, on top of ScanCostObject.
+	ScanCostMiB time.Duration `env:"SCAN_COST_MIB" envDefault:"600ms"`
+	// PollCostBase is the virtual core time of answering any result poll.
+	PollCostBase time.Duration `env:"POLL_COST_BASE" envDefault:"2ms"`
+	// PollCostEntry is the virtual core time per entry of a result (objects × engines)
+	// on top of PollCostBase: a large result costs more to build and send.
+	PollCostEntry time.Duration `env:"POLL_COST_ENTRY" envDefault:"130us"`
+	// BatchCostFile is the virtual core time per file listed in a batch status page,
+	// on top of PollCostBase.
+	BatchCostFile time.Duration `env:"BATCH_COST_FILE" envDefault:"2ms"`
+	// RejectCost is the virtual core time of refusing a request over FetchLimit.
+	RejectCost time.Duration `env:"REJECT_COST" envDefault:"400us"`
+
+	// FetchLimit is Core's own request rate limit (5.13+) on result polls, hash
+	// look-ups and batch status, in requests per virtual second; 0 = off (Core's
+	// default). Over it Core answers 503 {"err": ...}.
+	FetchLimit float64 `env:"FETCH_LIMIT" envDefault:"0"`
+	// FetchBurst is the burst of FetchLimit, in requests. 0 = ceil(FetchLimit).
+	FetchBurst int `env:"FETCH_BURST" envDefault:"0"`
+
+	// CallbackRetries is how many times a failed callback is retried. Default 3.
+	CallbackRetries int `env:"CALLBACK_RETRIES" envDefault:"3"`
+	// CallbackDelay is the virtual delay before the first retry. Default 1s.
+	CallbackDelay time.Duration `env:"CALLBACK_DELAY" envDefault:"1s"`
+	// CallbackIncrease is added to the delay at each further retry. Default 1s.
+	CallbackIncrease time.Duration `env:"CALLBACK_INCREASE" envDefault:"1s"`
+	// CallbackTimeout bounds one callback delivery, in real time. Default 10s.
+	CallbackTimeout time.Duration `env:"CALLBACK_TIMEOUT" envDefault:"10s"`
+	// CallbackWorkers is the number of concurrent callback deliveries. Default 16.
+	CallbackWorkers int `env:"CALLBACK_WORKERS" envDefault:"16"`
+
+	// Retention is how long a completed result is kept, in virtual time. Default 24h.
+	Retention time.Duration `env:"RETENTION" envDefault:"24h"`
+	// APIKey, when set, is required in the apikey header of every API request (a
+	// session_id from POST /login is accepted too); otherwise 403 "Access denied".
+	APIKey string `env:"APIKEY"`
+	// User and Password are the credentials POST /login accepts. Default admin/admin.
+	User     string `env:"USER" envDefault:"admin"`
+	Password string `env:"PASSWORD" envDefault:"admin"`
+	// TempDir is where zip uploads are spooled while inspected. Default: the OS's.
+	TempDir string `env:"TEMP_DIR"`
+}
+
+// LoadConfig reads the configuration from environ (variable name to value). The error,
+// an *envconf.Error, names the bad variable.
+func LoadConfig(environ map[string]string) (Config, error) {
+	var c Config
+	if err := envconf.Parse(&c, EnvPrefix, environ); err != nil {
+		return c, err
+	}
+	return c, c.Validate(environ)
+}
+
+// Validate rejects settings that parse but make no sense, naming the variable.
+func (c *Config) Validate(environ map[string]string) error {
+	bad := func(name, want string) error {
+		return &envconf.Error{Var: EnvPrefix + name, Value: environ[EnvPrefix+name], Want: want}
+	}
+	switch {
+	case c.ListenAddr == "":
+		return bad("LISTEN_ADDR", "want a host:port")
+	case c.Cores < 1:
+		return bad("CORES", "want a whole number of virtual cores >= 1")
+	case !(c.Speedup > 0) || c.Speedup > 1e6:
+		return bad("SPEEDUP", "want a number of virtual seconds per real second above 0")
+	case c.Tick <= 0:
+		return bad("TICK", "want a duration above 0")
+	case c.QueueSize < 1:
+		return bad("QUEUE_SIZE", "want a whole number of files >= 1")
+	case c.ReadyQueue < 0:
+		return bad("READY_QUEUE", "want a whole number of files >= 0")
+	case len(c.Engines) == 0:
+		return bad("ENGINES", "want a comma-separated list of engine names")
+	case c.ScanCostObject < 0 || c.ScanCostMiB < 0 || c.ScanCostObject+c.ScanCostMiB == 0:
+		return bad("SCAN_COST_OBJECT", "want durations >= 0, not both SCAN_COST_OBJECT and SCAN_COST_MIB zero")
+	case c.PollCostBase < 0:
+		return bad("POLL_COST_BASE", "want a duration >= 0")
+	case c.PollCostEntry < 0:
+		return bad("POLL_COST_ENTRY", "want a duration >= 0")
+	case c.BatchCostFile < 0:
+		return bad("BATCH_COST_FILE", "want a duration >= 0")
+	case c.RejectCost < 0:
+		return bad("REJECT_COST", "want a duration >= 0")
+	case c.FetchLimit < 0:
+		return bad("FETCH_LIMIT", "want a number of requests per second >= 0")
+	case c.FetchBurst < 0:
+		return bad("FETCH_BURST", "want a whole number >= 0")
+	case c.CallbackRetries < 0:
+		return bad("CALLBACK_RETRIES", "want a whole number >= 0")
+	case c.CallbackDelay < 0:
+		return bad("CALLBACK_DELAY", "want a duration >= 0")
+	case c.CallbackIncrease < 0:
+		return bad("CALLBACK_INCREASE", "want a duration >= 0")
+	case c.CallbackTimeout <= 0:
+		return bad("CALLBACK_TIMEOUT", "want a duration above 0")
+	case c.CallbackWorkers < 1:
+		return bad("CALLBACK_WORKERS", "want a whole number >= 1")
+	case c.Retention <= 0:
+		return bad("RETENTION", "want a duration above 0")
+	}
+	for i, e := range c.Engines {
+		c.Engines[i] = strings.TrimSpace(e)
+		if c.Engines[i] == "" {
+			return bad("ENGINES", "want a comma-separated list of non-empty engine names")
+		}
+	}
+	return nil
+}
+
+// DefaultConfig returns the configuration of an empty environment.
+func DefaultConfig() Config {
+	c, err := LoadConfig(nil)
+	if err != nil {
+		panic(fmt.Sprintf("coresim: defaults do not validate: %v", err))
+	}
+	return c
+}
+
+// validCallbackURL reports whether s is a callback URL Core accepts:
+// <http|https>://<host>[:port][/path] (shared/core-api/README.md, "Callbacks").
+func validCallbackURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
+}

@@ -1,0 +1,427 @@
+package coresim
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// Result codes of scan_all_result_i and their scan_all_result_a text
+// (shared/core-api/README.md; ProcessingResultsIndexEnum of the spec).
+const (
+	resultClean      = 0
+	resultInfected   = 1
+	resultFailed     = 3
+	resultCanceled   = 19
+	resultInProgress = 255
+)
+
+var resultText = map[int]string{
+	resultClean:      "No Threat Detected",
+	resultInfected:   "Infected",
+	resultFailed:     "Failed",
+	resultCanceled:   "Canceled",
+	resultInProgress: "In Progress",
+}
+
+// engineReport is one engine's entry of scan_details.
+type engineReport struct {
+	ScanResultI int    `json:"scan_result_i"`
+	ThreatFound string `json:"threat_found"`
+	DefTime     string `json:"def_time"`
+	ScanTime    int64  `json:"scan_time"`
+	WaitTime    int64  `json:"wait_time"`
+}
+
+type fileInfo struct {
+	DisplayName         string `json:"display_name"`
+	FileSize            int64  `json:"file_size"`
+	FileType            string `json:"file_type"`
+	FileTypeDescription string `json:"file_type_description"`
+	MD5                 string `json:"md5"`
+	SHA1                string `json:"sha1"`
+	SHA256              string `json:"sha256"`
+	UploadTimestamp     string `json:"upload_timestamp"`
+}
+
+type scanResults struct {
+	DataID          string                  `json:"data_id"`
+	ScanAllResultI  int                     `json:"scan_all_result_i"`
+	ScanAllResultA  string                  `json:"scan_all_result_a"`
+	ProgressPercent int                     `json:"progress_percentage"`
+	TotalAVs        int                     `json:"total_avs"`
+	TotalTime       int64                   `json:"total_time"`
+	StartTime       string                  `json:"start_time"`
+	InQueue         *int                    `json:"in_queue,omitempty"`
+	ScanDetails     map[string]engineReport `json:"scan_details"`
+}
+
+type postProcessing struct {
+	ActionsFailed        string `json:"actions_failed"`
+	ActionsRan           string `json:"actions_ran"`
+	ConvertedDestination string `json:"converted_destination"`
+	ConvertedTo          string `json:"converted_to"`
+	CopyMoveDestination  string `json:"copy_move_destination"`
+}
+
+type processInfo struct {
+	ProgressPercent int            `json:"progress_percentage"`
+	Result          string         `json:"result"`
+	BlockedReason   string         `json:"blocked_reason"`
+	Profile         string         `json:"profile"`
+	QueueTime       int64          `json:"queue_time"`
+	ProcessingTime  int64          `json:"processing_time"`
+	UserAgent       string         `json:"user_agent"`
+	Username        string         `json:"username"`
+	Verdicts        []string       `json:"verdicts"`
+	PostProcessing  postProcessing `json:"post_processing"`
+}
+
+type extractedFile struct {
+	DataID              string `json:"data_id"`
+	DisplayName         string `json:"display_name"`
+	FileSize            int64  `json:"file_size"`
+	FileType            string `json:"file_type"`
+	FileTypeDescription string `json:"file_type_description"`
+	SHA256              string `json:"sha256"`
+	ProgressPercent     int    `json:"progress_percentage"`
+	ScanAllResultI      int    `json:"scan_all_result_i"`
+	ScanAllResultA      string `json:"scan_all_result_a"`
+	ScannedWith         int    `json:"scanned_with"`
+	DetectedBy          int    `json:"detected_by"`
+}
+
+type extractedFiles struct {
+	FilesExtractedCount int             `json:"files_extracted_count"`
+	FirstIndex          int             `json:"first_index"`
+	PageSize            int             `json:"page_size"`
+	FilesInArchive      []extractedFile `json:"files_in_archive"`
+}
+
+// AnalysisResult is the JSON of GET /file/{data_id}, of a hash look-up and of a
+// callback: the spec's AnalysisResult plus extracted_files for archives.
+type AnalysisResult struct {
+	DataID         string          `json:"data_id"`
+	FileInfo       fileInfo        `json:"file_info"`
+	ScanResults    scanResults     `json:"scan_results"`
+	ProcessInfo    processInfo     `json:"process_info"`
+	ExtractedFiles *extractedFiles `json:"extracted_files,omitempty"`
+	Metadata       string          `json:"metadata,omitempty"`
+}
+
+// analysisResult builds sc's result now, and returns it with its number of entries
+// (objects reported × engines), the measure of what it costs Core to answer.
+func (s *Sim) analysisResult(sc *scan) (*AnalysisResult, int) {
+	done, queued, ahead := s.model.Progress(sc.job)
+	queueTime, procTime := s.model.Times(sc.job)
+	s.mu.Lock()
+	complete, canceled := sc.complete, sc.canceled
+	s.mu.Unlock()
+
+	in := sc.in
+	progress := int(math.Floor(done * 100))
+	if progress >= 100 && !complete {
+		progress = 99
+	}
+	if complete {
+		progress = 100
+	}
+	objects := in.Objects()
+	scanned := objects
+	if !complete {
+		scanned = int(done * float64(objects))
+	}
+	engines := s.cfg.Engines
+
+	overall := resultInProgress
+	verdict := "Processing"
+	blocked := ""
+	var verdicts []string
+	switch {
+	case canceled:
+		overall, verdict = resultCanceled, "Blocked"
+		blocked, verdicts = "Canceled", []string{"Canceled"}
+	case !complete:
+	case in.Corrupt:
+		overall, verdict = resultFailed, "Blocked"
+		blocked, verdicts = "Failed", []string{"Failed"}
+	case in.Infected():
+		overall, verdict = resultInfected, "Blocked"
+		blocked, verdicts = "Infected", []string{"Infected"}
+	default:
+		overall, verdict, verdicts = resultClean, "Allowed", []string{"No Threat Detected"}
+	}
+
+	perObject := int64(0)
+	if objects > 0 {
+		perObject = procTime.Milliseconds() / int64(objects)
+	}
+	details := make(map[string]engineReport, len(engines))
+	if scanned > 0 || complete {
+		for _, e := range engines {
+			rep := engineReport{DefTime: s.timestamp(0), ScanTime: perObject, WaitTime: 0}
+			switch {
+			case canceled:
+				rep.ScanResultI = resultCanceled
+			case complete && in.Corrupt:
+				rep.ScanResultI = resultFailed
+			case complete && in.Infected():
+				rep.ScanResultI, rep.ThreatFound = resultInfected, "EICAR-Test-File (not a virus)"
+			case complete:
+				rep.ScanResultI = resultClean
+			default:
+				rep.ScanResultI = resultInProgress
+			}
+			details[e] = rep
+		}
+	}
+	res := &AnalysisResult{
+		DataID: sc.id,
+		FileInfo: fileInfo{
+			DisplayName: sc.name, FileSize: in.File.Size,
+			FileType: in.File.Type, FileTypeDescription: in.File.TypeDesc,
+			MD5: in.File.MD5, SHA1: in.File.SHA1, SHA256: in.File.SHA256,
+			UploadTimestamp: s.timestamp(sc.uploaded),
+		},
+		ScanResults: scanResults{
+			DataID: sc.id, ScanAllResultI: overall, ScanAllResultA: resultText[overall],
+			ProgressPercent: progress, TotalAVs: len(engines),
+			TotalTime: procTime.Milliseconds(), StartTime: s.timestamp(sc.uploaded + queueTime),
+			ScanDetails: details,
+		},
+		ProcessInfo: processInfo{
+			ProgressPercent: progress, Result: verdict, BlockedReason: blocked,
+			Profile: sc.rule, QueueTime: queueTime.Milliseconds(),
+			ProcessingTime: procTime.Milliseconds(), UserAgent: sc.userAgent,
+			Username: "LOCAL/admin", Verdicts: verdicts,
+		},
+		Metadata: sc.metadata,
+	}
+	if queued {
+		res.ScanResults.InQueue = &ahead
+	}
+	if len(in.Parts) > 0 {
+		ef := &extractedFiles{FilesExtractedCount: len(in.Parts), PageSize: len(in.Parts)}
+		for i, p := range in.Parts {
+			f := extractedFile{
+				DataID: fmt.Sprintf("%s%04d", sc.id[:28], i+1), DisplayName: p.Name,
+				FileSize: p.Size, FileType: p.Type, FileTypeDescription: p.TypeDesc,
+				SHA256: p.SHA256, ScannedWith: len(engines),
+			}
+			switch {
+			case canceled:
+				f.ScanAllResultI = resultCanceled
+			case i+1 < scanned || complete: // object 0 is the file itself
+				f.ProgressPercent = 100
+				if p.Infected {
+					f.ScanAllResultI, f.DetectedBy = resultInfected, len(engines)
+				}
+			default:
+				f.ScanAllResultI = resultInProgress
+			}
+			f.ScanAllResultA = resultText[f.ScanAllResultI]
+			ef.FilesInArchive = append(ef.FilesInArchive, f)
+		}
+		res.ExtractedFiles = ef
+	}
+	return res, max(1, scanned) * len(engines)
+}
+
+// batchPageSize is how many files a batch status page lists, as Core does.
+const batchPageSize = 50
+
+func (a *api) batchOpen(w http.ResponseWriter, r *http.Request) {
+	s := a.s
+	b := &batch{
+		id: newID(), rule: r.Header.Get("rule"), userAgent: r.Header.Get("user-agent"),
+		userData: r.Header.Get("user-data"), created: s.model.Now(),
+	}
+	if b.rule == "" {
+		b.rule = "File process"
+	}
+	s.mu.Lock()
+	s.batches[b.id] = b
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"batch_id": b.id})
+}
+
+// batchStatus is GET /file/batch/{batch_id}?first=N: a page of 50 files from index N.
+// Core's own rate limit applies, and the answer costs core time per file listed.
+func (a *api) batchStatus(w http.ResponseWriter, r *http.Request) {
+	s := a.s
+	if !a.fetchGate(w, r, "batch_status") {
+		return
+	}
+	first := 0
+	if v := r.URL.Query().Get("first"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeErr(w, http.StatusBadRequest, "Invalid parameter: first.")
+			return
+		}
+		first = n
+	}
+	res, n, ok := s.batchResult(chi.URLParam(r, "batch_id"), first)
+	if !ok {
+		s.m.fetches.WithLabelValues("batch_status", "not_found").Inc()
+		writeErr(w, http.StatusNotFound, "Not found")
+		return
+	}
+	if s.wait(r.Context(), WorkBatchStatus, s.cfg.PollCostBase+time.Duration(n)*s.cfg.BatchCostFile) {
+		s.m.fetches.WithLabelValues("batch_status", "served").Inc()
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+func (a *api) batchClose(w http.ResponseWriter, r *http.Request) {
+	s := a.s
+	id := chi.URLParam(r, "batch_id")
+	s.mu.Lock()
+	b := s.batches[id]
+	if b != nil {
+		b.closed = true
+	}
+	s.mu.Unlock()
+	res, _, ok := s.batchResult(id, 0)
+	if b == nil || !ok {
+		writeErr(w, http.StatusNotFound, "Not found")
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// batchCertificate answers a plain YAML report of the batch (Core signs its own).
+func (a *api) batchCertificate(w http.ResponseWriter, r *http.Request) {
+	s := a.s
+	res, _, ok := s.batchResult(chi.URLParam(r, "batch_id"), 0)
+	if !ok {
+		writeErr(w, http.StatusNotFound, "Not found")
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-yaml")
+	fmt.Fprintf(w, "batch_id: %s\nis_closed: %t\nresult: %s\nfiles: %d\n",
+		res.BatchID, res.IsClosed, res.ProcessInfo.Result, res.BatchFiles.BatchCount)
+}
+
+type batchFile struct {
+	DataID              string `json:"data_id"`
+	DisplayName         string `json:"display_name"`
+	FileSize            int64  `json:"file_size"`
+	FileType            string `json:"file_type"`
+	FileTypeDescription string `json:"file_type_description"`
+	ProgressPercent     int    `json:"progress_percentage"`
+	ScanAllResultI      int    `json:"scan_all_result_i"`
+	ScanAllResultA      string `json:"scan_all_result_a"`
+	ScannedWith         int    `json:"scanned_with"`
+	DetectedBy          int    `json:"detected_by"`
+	ProcessInfo         struct {
+		BlockedReason   string   `json:"blocked_reason"`
+		ProgressPercent int      `json:"progress_percentage"`
+		Result          string   `json:"result"`
+		Verdicts        []string `json:"verdicts"`
+	} `json:"process_info"`
+}
+
+// BatchResponse is the JSON of a batch status (the spec's BatchResponse).
+type BatchResponse struct {
+	BatchID    string `json:"batch_id"`
+	IsClosed   bool   `json:"is_closed"`
+	UserData   string `json:"user_data,omitempty"`
+	BatchFiles struct {
+		BatchCount   int         `json:"batch_count"`
+		FirstIndex   int         `json:"first_index"`
+		PageSize     int         `json:"page_size"`
+		FilesInBatch []batchFile `json:"files_in_batch"`
+	} `json:"batch_files"`
+	ProcessInfo struct {
+		BlockedReason string `json:"blocked_reason"`
+		Profile       string `json:"profile"`
+		Result        string `json:"result"`
+		UserAgent     string `json:"user_agent"`
+		Username      string `json:"username"`
+	} `json:"process_info"`
+	ScanResults struct {
+		BatchID        string `json:"batch_id"`
+		ScanAllResultI int    `json:"scan_all_result_i"`
+		ScanAllResultA string `json:"scan_all_result_a"`
+		StartTime      string `json:"start_time"`
+		TotalAVs       int    `json:"total_avs"`
+		TotalTime      int64  `json:"total_time"`
+	} `json:"scan_results"`
+}
+
+// batchResult builds the status page of batch id from index first; n is the number of
+// files on the page.
+func (s *Sim) batchResult(id string, first int) (res *BatchResponse, n int, ok bool) {
+	s.mu.Lock()
+	b := s.batches[id]
+	var files []*scan
+	var closed bool
+	if b != nil {
+		files = append(files, b.files...)
+		closed = b.closed
+	}
+	s.mu.Unlock()
+	if b == nil {
+		return nil, 0, false
+	}
+	res = &BatchResponse{BatchID: b.id, IsClosed: closed, UserData: b.userData}
+	res.BatchFiles.BatchCount = len(files)
+	res.BatchFiles.FirstIndex = first
+	res.BatchFiles.PageSize = batchPageSize
+	res.BatchFiles.FilesInBatch = []batchFile{}
+	overall, allDone := resultClean, true
+	for _, sc := range files {
+		r, _ := s.analysisResult(sc)
+		i := r.ScanResults.ScanAllResultI
+		if i == resultInProgress {
+			allDone = false
+		} else if i != resultClean && overall == resultClean {
+			overall = i
+		}
+	}
+	for i := first; i < len(files) && i < first+batchPageSize; i++ {
+		r, _ := s.analysisResult(files[i])
+		f := batchFile{
+			DataID: r.DataID, DisplayName: r.FileInfo.DisplayName, FileSize: r.FileInfo.FileSize,
+			FileType: r.FileInfo.FileType, FileTypeDescription: r.FileInfo.FileTypeDescription,
+			ProgressPercent: r.ScanResults.ProgressPercent, ScanAllResultI: r.ScanResults.ScanAllResultI,
+			ScanAllResultA: r.ScanResults.ScanAllResultA, ScannedWith: r.ScanResults.TotalAVs,
+		}
+		if f.ScanAllResultI == resultInfected {
+			f.DetectedBy = r.ScanResults.TotalAVs
+		}
+		f.ProcessInfo.BlockedReason = r.ProcessInfo.BlockedReason
+		f.ProcessInfo.ProgressPercent = r.ProcessInfo.ProgressPercent
+		f.ProcessInfo.Result = r.ProcessInfo.Result
+		f.ProcessInfo.Verdicts = r.ProcessInfo.Verdicts
+		res.BatchFiles.FilesInBatch = append(res.BatchFiles.FilesInBatch, f)
+		n++
+	}
+	if !allDone || !closed {
+		overall = resultInProgress
+	}
+	res.ProcessInfo.Profile = b.rule
+	res.ProcessInfo.UserAgent = b.userAgent
+	res.ProcessInfo.Username = "LOCAL/admin"
+	switch overall {
+	case resultInProgress:
+		res.ProcessInfo.Result = "Processing"
+	case resultClean:
+		res.ProcessInfo.Result = "Allowed"
+	default:
+		res.ProcessInfo.Result = "Blocked"
+		res.ProcessInfo.BlockedReason = resultText[overall]
+	}
+	res.ScanResults.BatchID = b.id
+	res.ScanResults.ScanAllResultI = overall
+	res.ScanResults.ScanAllResultA = resultText[overall]
+	res.ScanResults.StartTime = s.timestamp(b.created)
+	res.ScanResults.TotalAVs = len(s.cfg.Engines)
+	res.ScanResults.TotalTime = (s.model.Now() - b.created).Milliseconds()
+	return res, n, true
+}

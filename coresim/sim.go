@@ -1,0 +1,225 @@
+package coresim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+)
+
+// Sim is the emulator: Core's API (Handler) over the resource model (Model), a store of
+// scans and batches, Core's own fetch rate limit and callback delivery. Build it with
+// New, serve Handler, and Run it. All methods are safe for concurrent use.
+type Sim struct {
+	cfg   Config
+	model *Model
+	epoch time.Time // wall time of virtual time 0, for timestamps
+
+	mu       sync.Mutex
+	scans    map[string]*scan
+	byHash   map[string]*scan // md5, sha1 and sha256 of a file to its latest scan
+	batches  map[string]*batch
+	sessions map[string]bool
+	done     []*scan // completed, in order, for retention
+
+	fetch *rate.Limiter // Core's own limit, in virtual time; nil when off
+
+	m  *simMetrics
+	cb *callbacks
+}
+
+// scan is one submission.
+type scan struct {
+	id          string
+	in          *Inspection
+	name        string
+	userAgent   string
+	rule        string
+	batch       string
+	callbackURL string
+	metadata    string
+	uploaded    time.Duration // virtual
+	job         *job
+
+	// Set when the scan ends (under Sim.mu).
+	complete bool
+	canceled bool
+	finished time.Duration // virtual
+	hook     *hookStatus
+}
+
+// batch is an open or closed batch of scans.
+type batch struct {
+	id, rule, userAgent, userData string
+	created                       time.Duration
+	closed                        bool
+	files                         []*scan
+}
+
+// New returns an emulator for cfg, with its metrics registered on reg (nil: none).
+func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
+	if err := cfg.Validate(nil); err != nil {
+		return nil, err
+	}
+	s := &Sim{
+		cfg:      cfg,
+		epoch:    time.Now().UTC().Truncate(time.Second),
+		scans:    map[string]*scan{},
+		byHash:   map[string]*scan{},
+		batches:  map[string]*batch{},
+		sessions: map[string]bool{},
+	}
+	s.model = NewModel(cfg.Cores, s.scanDone)
+	if cfg.FetchLimit > 0 {
+		burst := cfg.FetchBurst
+		if burst == 0 {
+			burst = max(1, int(math.Ceil(cfg.FetchLimit)))
+		}
+		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), burst)
+	}
+	s.m = newSimMetrics(reg, s)
+	s.cb = newCallbacks(s)
+	return s, nil
+}
+
+// Model returns the emulator's resource model.
+func (s *Sim) Model() *Model { return s.model }
+
+// Config returns the emulator's configuration.
+func (s *Sim) Config() Config { return s.cfg }
+
+// Run delivers callbacks until ctx ends and, when drive is true, advances the model
+// from the real clock: every Tick, by the real time elapsed × Speedup. Tests that drive
+// the model themselves (Advance) pass drive=false. Run returns when ctx ends, after
+// its goroutines have stopped.
+func (s *Sim) Run(ctx context.Context, drive bool) {
+	var wg sync.WaitGroup
+	for range s.cfg.CallbackWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.cb.work(ctx)
+		}()
+	}
+	if drive {
+		t := time.NewTicker(s.cfg.Tick)
+		last := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				wg.Wait()
+				return
+			case now := <-t.C:
+				dv := time.Duration(float64(now.Sub(last)) * s.cfg.Speedup)
+				last = now
+				s.Advance(dv)
+			}
+		}
+	}
+	<-ctx.Done()
+	wg.Wait()
+}
+
+// Advance moves virtual time dv forward: the model serves work, completed scans get
+// their results, callbacks fall due, and results past their retention are dropped.
+func (s *Sim) Advance(dv time.Duration) {
+	s.model.Advance(dv)
+	now := s.model.Now()
+	s.cb.dispatch(now)
+	s.expire(now)
+}
+
+// virtualDuration converts a real duration of the configuration (costs are given in
+// virtual time already) to core-seconds.
+func coreSeconds(d time.Duration) float64 { return d.Seconds() }
+
+// scanDone is the model's completion hook.
+func (s *Sim) scanDone(j *job) {
+	sc := j.payload.(*scan)
+	s.mu.Lock()
+	sc.complete = true
+	sc.finished = j.finished
+	s.done = append(s.done, sc)
+	hook := sc.callbackURL != ""
+	if hook {
+		sc.hook = &hookStatus{url: sc.callbackURL}
+	}
+	s.mu.Unlock()
+	s.m.filesCompleted.Inc()
+	s.m.objectsScanned.Add(float64(sc.in.Objects()))
+	if hook {
+		s.cb.schedule(sc, j.finished)
+	}
+}
+
+// expire drops completed results older than the retention.
+func (s *Sim) expire(now time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, sc := range s.done {
+		if now-sc.finished < s.cfg.Retention {
+			break
+		}
+		delete(s.scans, sc.id)
+		for _, h := range []string{sc.in.File.MD5, sc.in.File.SHA1, sc.in.File.SHA256} {
+			if s.byHash[h] == sc {
+				delete(s.byHash, h)
+			}
+		}
+		n++
+	}
+	if n > 0 {
+		s.done = append(s.done[:0], s.done[n:]...)
+	}
+}
+
+// allowFetch applies Core's own rate limit to a fetch request, in virtual time.
+func (s *Sim) allowFetch() bool {
+	if s.fetch == nil {
+		return true
+	}
+	return s.fetch.AllowN(s.epoch.Add(s.model.Now()), 1)
+}
+
+// scanCost is the virtual core time of scanning every object of in.
+func (s *Sim) scanCost(in *Inspection) float64 {
+	var bytes int64 = in.File.Size
+	for _, p := range in.Parts {
+		bytes += p.Size
+	}
+	return float64(in.Objects())*coreSeconds(s.cfg.ScanCostObject) +
+		float64(bytes)/(1<<20)*coreSeconds(s.cfg.ScanCostMiB)
+}
+
+// wait blocks until the cores have served cost of foreground work w, or ctx ends. It
+// reports whether the work was served.
+func (s *Sim) wait(ctx context.Context, w Work, cost time.Duration) bool {
+	select {
+	case <-s.model.Charge(w, coreSeconds(cost)):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// newID returns 32 random hex digits, the shape of Core's data_id and batch_id.
+func newID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("coresim: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// timestamp renders virtual time v as Core renders times (RFC 3339, UTC).
+func (s *Sim) timestamp(v time.Duration) string {
+	return s.epoch.Add(v).Format(time.RFC3339Nano)
+}
