@@ -255,6 +255,10 @@ type Set struct {
 func NewSet(limits map[string]Limit, now func() time.Time) (*Set, error) {
 	s := &Set{buckets: make(map[string]*Bucket, len(limits))}
 	for route, l := range limits {
+		// Validate before skipping unlimited limits: Rate 0 with Burst -1 is invalid too.
+		if err := l.validate(); err != nil {
+			return nil, fmt.Errorf("route %s: %w", route, err)
+		}
 		if l.Unlimited() {
 			continue
 		}

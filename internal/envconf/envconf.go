@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
@@ -56,6 +57,7 @@ func Parse(v any, prefix string, environ map[string]string) error {
 	if !ok {
 		return err
 	}
-	name := prefix + f.Tag.Get("env")
+	key, _, _ := strings.Cut(f.Tag.Get("env"), ",") // drop options such as ",notEmpty"
+	name := prefix + key
 	return &Error{Var: name, Value: environ[name], Want: Accepts(f.Type)}
 }

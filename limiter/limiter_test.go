@@ -1,0 +1,841 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/mdproxy/mdproxy/limiter"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// epoch is the first instant of every fake clock.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakeClock is a clock that moves only when told to. It is safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: epoch} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func mustBucket(t testing.TB, l limiter.Limit, now func() time.Time) *limiter.Bucket {
+	t.Helper()
+	b, err := limiter.NewBucket(l, now)
+	if err != nil {
+		t.Fatalf("NewBucket(%+v) = %v, want no error", l, err)
+	}
+	return b
+}
+
+// newRequest is the request handed to Acquire; httprate reads only its context.
+func newRequest() *http.Request {
+	return httptest.NewRequest(http.MethodGet, "/file/abc", nil)
+}
+
+// acquire calls b.Acquire with a background context.
+func acquire(b *limiter.Bucket, client string) limiter.Decision {
+	return b.Acquire(context.Background(), newRequest(), client)
+}
+
+// canceledCtx returns a context that is already done.
+func canceledCtx() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// near reports whether got is within tol of want.
+func near(got, want, tol time.Duration) bool {
+	d := got - want
+	return d >= -tol && d <= tol
+}
+
+// TestBucketFlood offers requests far faster than the rate over a simulated minute and
+// checks that the bucket lets through its burst plus rate × elapsed, within one request.
+func TestBucketFlood(t *testing.T) {
+	const (
+		span = 60 * time.Second
+		// step divides the refill period of every rate (20 ms at 50/s, 50 ms at 20/s),
+		// so that a token never waits for the next request in a full bucket, where the
+		// burst cap would drop the refill of the rest of the step.
+		step    = 10 * time.Millisecond
+		perStep = 5 // 500 requests a second, ten times the highest rate
+	)
+	tests := []struct {
+		rate  float64
+		burst int
+	}{
+		{0.5, 1},
+		{0.5, 5},
+		{1, 1},
+		{1, 10},
+		{20, 1},
+		{20, 5},
+		{50, 1},
+		{50, 10},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("rate=%v/burst=%d", tt.rate, tt.burst), func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			l := limiter.Limit{Rate: tt.rate, Burst: tt.burst}
+			b := mustBucket(t, l, clock.Now)
+			var accepted, offered int
+			for elapsed := time.Duration(0); elapsed <= span; elapsed += step {
+				for range perStep {
+					offered++
+					switch d := acquire(b, "c"); d.Outcome {
+					case limiter.Allowed:
+						accepted++
+					case limiter.Rejected:
+						if d.RetryAfter <= 0 {
+							t.Fatalf("at %v: Acquire() = %+v, want RetryAfter > 0 on Rejected", elapsed, d)
+						}
+					default:
+						t.Fatalf("at %v: Acquire().Outcome = %v, want allowed or rejected (MaxWait is 0)", elapsed, d.Outcome)
+					}
+				}
+				clock.Advance(step)
+			}
+			want := float64(tt.burst) + tt.rate*span.Seconds()
+			if math.Abs(float64(accepted)-want) > 1 {
+				t.Errorf("accepted of %d offered over %v = %d, want %v ± 1", offered, span, accepted, want)
+			}
+		})
+	}
+}
+
+// TestBucketConcurrentFlood floods a bucket from many goroutines on a clock that moves
+// forward on every reading, so that the simulated span is exactly known.
+func TestBucketConcurrentFlood(t *testing.T) {
+	const (
+		goroutines = 8
+		perG       = 2000
+		tick       = time.Millisecond // the clock moves this much per reading
+		rate       = 10.0
+		burst      = 5
+	)
+	var ticks atomic.Int64
+	now := func() time.Time { return epoch.Add(time.Duration(ticks.Add(1)) * tick) }
+	b := mustBucket(t, limiter.Limit{Rate: rate, Burst: burst}, now)
+	var accepted atomic.Int64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			<-start
+			for range perG {
+				if acquire(b, "c").Outcome == limiter.Allowed {
+					accepted.Add(1)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	elapsed := time.Duration(ticks.Load()) * tick
+	want := burst + rate*elapsed.Seconds()
+	if got := float64(accepted.Load()); math.Abs(got-want) > 1 {
+		t.Errorf("accepted over %v from %d goroutines = %v, want %v ± 1", elapsed, goroutines, got, want)
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	tests := []struct {
+		name        string
+		rate        float64
+		burst       int
+		advance     time.Duration // after the burst is consumed
+		wantRetry   time.Duration
+		wantSeconds int
+	}{
+		{"rate 0.1", 0.1, 1, 0, 10 * time.Second, 10},
+		{"rate 2 rounds up to min 1", 2, 1, 0, 500 * time.Millisecond, 1},
+		{"rate 0.3 rounds 3.33 up", 0.3, 1, 0, 3333333333 * time.Nanosecond, 4},
+		{"rate 0.1 partial refill after 5s", 0.1, 1, 5 * time.Second, 5 * time.Second, 5},
+		{"rate 0.5 burst 3", 0.5, 3, 0, 2 * time.Second, 2},
+		{"rate 1 almost refilled", 1, 1, 999 * time.Millisecond, time.Millisecond, 1},
+		{"rate 0.25 partial refill 1.5s", 0.25, 2, 1500 * time.Millisecond, 2500 * time.Millisecond, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newFakeClock()
+			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+			for i := range tt.burst {
+				if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+					t.Fatalf("Acquire() #%d in burst %d = %v, want allowed", i+1, tt.burst, d.Outcome)
+				}
+			}
+			clock.Advance(tt.advance)
+			d := acquire(b, "c")
+			if d.Outcome != limiter.Rejected {
+				t.Fatalf("Acquire() after burst + %v = %v, want rejected", tt.advance, d.Outcome)
+			}
+			if !near(d.RetryAfter, tt.wantRetry, time.Microsecond) {
+				t.Errorf("Acquire().RetryAfter = %v, want %v", d.RetryAfter, tt.wantRetry)
+			}
+			if got := d.RetryAfterSeconds(); got != tt.wantSeconds {
+				t.Errorf("RetryAfterSeconds() with RetryAfter %v = %d, want %d", d.RetryAfter, got, tt.wantSeconds)
+			}
+		})
+	}
+}
+
+func TestDecisionRetryAfterSeconds(t *testing.T) {
+	tests := []struct {
+		in   time.Duration
+		want int
+	}{
+		{0, 1},
+		{time.Nanosecond, 1},
+		{999 * time.Millisecond, 1},
+		{time.Second, 1},
+		{time.Second + time.Millisecond, 2},
+		{2500 * time.Millisecond, 3},
+		{10*time.Second - time.Nanosecond, 10},
+		{10 * time.Second, 10},
+		{10*time.Second + 100*time.Nanosecond, 10}, // floating-point noise
+		{time.Minute, 60},
+	}
+	for _, tt := range tests {
+		d := limiter.Decision{Outcome: limiter.Rejected, RetryAfter: tt.in}
+		if got := d.RetryAfterSeconds(); got != tt.want {
+			t.Errorf("Decision{RetryAfter: %v}.RetryAfterSeconds() = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestDecisionPass(t *testing.T) {
+	tests := []struct {
+		o    limiter.Outcome
+		want bool
+	}{
+		{limiter.Allowed, true},
+		{limiter.Delayed, true},
+		{limiter.Rejected, false},
+		{limiter.RejectedClient, false},
+		{limiter.Canceled, false},
+	}
+	for _, tt := range tests {
+		if got := (limiter.Decision{Outcome: tt.o}).Pass(); got != tt.want {
+			t.Errorf("Decision{Outcome: %v}.Pass() = %v, want %v", tt.o, got, tt.want)
+		}
+	}
+}
+
+// TestRejectedConsumesNoToken rejects many requests while the bucket is empty and checks
+// that the next token is still free exactly one refill period after the burst was spent.
+func TestRejectedConsumesNoToken(t *testing.T) {
+	tests := []struct {
+		rate     float64
+		burst    int
+		rejected int // requests offered, all rejected, before the next token
+	}{
+		{1, 1, 100},
+		{0.5, 2, 50},
+		{20, 3, 200},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("rate=%v/burst=%d", tt.rate, tt.burst), func(t *testing.T) {
+			clock := newFakeClock()
+			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+			for i := range tt.burst {
+				if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+					t.Fatalf("Acquire() #%d in burst = %v, want allowed", i+1, d.Outcome)
+				}
+			}
+			period := time.Duration(float64(time.Second) / tt.rate)
+			almost := period - time.Millisecond
+			for i := range tt.rejected {
+				at := almost * time.Duration(i) / time.Duration(tt.rejected-1)
+				clock.Advance(at - (clock.Now().Sub(epoch)))
+				d := acquire(b, "c")
+				if d.Outcome != limiter.Rejected {
+					t.Fatalf("Acquire() at +%v = %v, want rejected", at, d.Outcome)
+				}
+				if want := period - at; !near(d.RetryAfter, want, time.Microsecond) {
+					t.Fatalf("Acquire() at +%v: RetryAfter = %v, want %v", at, d.RetryAfter, want)
+				}
+			}
+			clock.Advance(period - clock.Now().Sub(epoch))
+			if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+				t.Fatalf("Acquire() at +%v after %d rejections = %+v, want allowed", period, tt.rejected, d)
+			}
+			// The token just taken was the only one: the next is a whole period away.
+			d := acquire(b, "c")
+			if d.Outcome != limiter.Rejected || !near(d.RetryAfter, period, time.Microsecond) {
+				t.Errorf("Acquire() right after = %+v, want rejected with RetryAfter %v", d, period)
+			}
+		})
+	}
+}
+
+// TestMaxWaitFrozenClock queues requests with a frozen bucket clock, so that each delay
+// is exact, while the wait itself runs on a real timer.
+func TestMaxWaitFrozenClock(t *testing.T) {
+	clock := newFakeClock()
+	b := mustBucket(t, limiter.Limit{Rate: 20, Burst: 2, MaxWait: 100 * time.Millisecond}, clock.Now)
+	steps := []struct {
+		want       limiter.Outcome
+		waited     time.Duration
+		retryAfter time.Duration
+	}{
+		{limiter.Allowed, 0, 0},
+		{limiter.Allowed, 0, 0},
+		{limiter.Delayed, 50 * time.Millisecond, 0},
+		{limiter.Delayed, 100 * time.Millisecond, 0},
+		{limiter.Rejected, 0, 150 * time.Millisecond}, // beyond MaxWait
+		{limiter.Rejected, 0, 150 * time.Millisecond}, // the rejection took nothing
+	}
+	for i, s := range steps {
+		start := time.Now()
+		d := acquire(b, "c")
+		elapsed := time.Since(start)
+		if d.Outcome != s.want {
+			t.Fatalf("Acquire() #%d = %+v, want %v", i+1, d, s.want)
+		}
+		if !near(d.Waited, s.waited, time.Microsecond) {
+			t.Errorf("Acquire() #%d: Waited = %v, want %v", i+1, d.Waited, s.waited)
+		}
+		if !near(d.RetryAfter, s.retryAfter, time.Microsecond) {
+			t.Errorf("Acquire() #%d: RetryAfter = %v, want %v", i+1, d.RetryAfter, s.retryAfter)
+		}
+		// A timer never fires early: a delayed request was really held.
+		if elapsed < d.Waited {
+			t.Errorf("Acquire() #%d returned after %v, want at least Waited %v", i+1, elapsed, d.Waited)
+		}
+	}
+}
+
+// TestMaxWaitRealClock runs the same decisions on the real clock, with small durations.
+func TestMaxWaitRealClock(t *testing.T) {
+	tests := []struct {
+		name      string
+		limit     limiter.Limit
+		want      limiter.Outcome
+		maxWaited time.Duration // Waited in (0, maxWaited] for Delayed
+		retry     time.Duration // RetryAfter in (retry/2, retry] for Rejected
+	}{
+		{
+			name:      "within MaxWait is delayed",
+			limit:     limiter.Limit{Rate: 10, Burst: 1, MaxWait: time.Second},
+			want:      limiter.Delayed,
+			maxWaited: 100 * time.Millisecond,
+		},
+		{
+			name:  "beyond MaxWait is rejected at once",
+			limit: limiter.Limit{Rate: 0.5, Burst: 1, MaxWait: 50 * time.Millisecond},
+			want:  limiter.Rejected,
+			retry: 2 * time.Second,
+		},
+		{
+			name:  "zero MaxWait rejects at once",
+			limit: limiter.Limit{Rate: 0.5, Burst: 1},
+			want:  limiter.Rejected,
+			retry: 2 * time.Second,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := mustBucket(t, tt.limit, nil)
+			if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+				t.Fatalf("first Acquire() = %v, want allowed", d.Outcome)
+			}
+			start := time.Now()
+			d := acquire(b, "c")
+			elapsed := time.Since(start)
+			if d.Outcome != tt.want {
+				t.Fatalf("second Acquire() = %+v, want %v", d, tt.want)
+			}
+			switch tt.want {
+			case limiter.Delayed:
+				if d.Waited <= 0 || d.Waited > tt.maxWaited {
+					t.Errorf("second Acquire().Waited = %v, want in (0, %v]", d.Waited, tt.maxWaited)
+				}
+				if elapsed < d.Waited {
+					t.Errorf("second Acquire() returned after %v, want at least Waited %v", elapsed, d.Waited)
+				}
+			case limiter.Rejected:
+				if d.Waited != 0 {
+					t.Errorf("second Acquire().Waited = %v, want 0", d.Waited)
+				}
+				if d.RetryAfter <= tt.retry/2 || d.RetryAfter > tt.retry {
+					t.Errorf("second Acquire().RetryAfter = %v, want in (%v, %v]", d.RetryAfter, tt.retry/2, tt.retry)
+				}
+				// Waiting for the token would take over a second; generous bound.
+				if elapsed >= time.Second {
+					t.Errorf("second Acquire() returned after %v, want at once", elapsed)
+				}
+			}
+		})
+	}
+}
+
+// TestCanceled checks that a request whose context ends while it waits is Canceled and
+// gives its token back, so that the next request at the same instant can take it.
+func TestCanceled(t *testing.T) {
+	clock := newFakeClock()
+	// Without the token given back, the third request would wait 2 s > MaxWait.
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, clock.Now)
+	if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+		t.Fatalf("Acquire() #1 = %v, want allowed", d.Outcome)
+	}
+
+	// The context ends while the request waits on its (real, 1 s) timer.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	d := b.Acquire(ctx, newRequest(), "c")
+	if d.Outcome != limiter.Canceled {
+		t.Fatalf("Acquire(ctx ending in 10ms) #2 = %+v, want canceled", d)
+	}
+	if elapsed := time.Since(start); elapsed >= time.Second {
+		t.Errorf("Acquire(ctx ending in 10ms) returned after %v, want before its 1s delay", elapsed)
+	}
+	if d.Waited != 0 {
+		t.Errorf("Acquire(ctx ending in 10ms).Waited = %v, want 0 (the bucket clock did not move)", d.Waited)
+	}
+
+	// Same instant: the token given back is reserved again (delay 1 s, not 2 s).
+	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Canceled {
+		t.Fatalf("Acquire(canceled ctx) #3 at the same instant = %+v, want canceled (not rejected: token given back)", d)
+	}
+
+	// One period later the token is free at once: Allowed returns before looking at ctx.
+	clock.Advance(time.Second)
+	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Allowed {
+		t.Fatalf("Acquire(canceled ctx) #4 one second later = %+v, want allowed", d)
+	}
+}
+
+// TestCanceledRealClock cancels a waiting request on the real clock.
+func TestCanceledRealClock(t *testing.T) {
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, nil)
+	if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+		t.Fatalf("Acquire() #1 = %v, want allowed", d.Outcome)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan limiter.Decision)
+	go func() { done <- b.Acquire(ctx, newRequest(), "c") }()
+	cancel()
+	d := <-done
+	// The goroutine may see the canceled context before or after it starts waiting;
+	// either way it reserved a token and must give it back.
+	if d.Outcome != limiter.Canceled {
+		t.Fatalf("Acquire(ctx canceled while waiting) = %+v, want canceled", d)
+	}
+	if d.Waited < 0 || d.Waited >= time.Second {
+		t.Errorf("Acquire(ctx canceled while waiting).Waited = %v, want in [0, 1s)", d.Waited)
+	}
+	// Without the token given back the next wait would be ~2 s > MaxWait: rejected.
+	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Canceled {
+		t.Fatalf("Acquire(canceled ctx) after a canceled wait = %+v, want canceled (token given back)", d)
+	}
+}
+
+// TestConcurrentBurst releases many goroutines at once against a bucket whose rate is
+// tiny: exactly its burst must pass.
+func TestConcurrentBurst(t *testing.T) {
+	tests := []struct {
+		goroutines, burst int
+	}{
+		{50, 1},
+		{100, 10},
+		{100, 100},
+		{300, 100},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("n=%d/burst=%d", tt.goroutines, tt.burst), func(t *testing.T) {
+			// One token every 1000 s on the real clock.
+			b := mustBucket(t, limiter.Limit{Rate: 0.001, Burst: tt.burst}, nil)
+			var allowed, rejected atomic.Int64
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for range tt.goroutines {
+				wg.Go(func() {
+					<-start
+					switch acquire(b, "c").Outcome {
+					case limiter.Allowed:
+						allowed.Add(1)
+					case limiter.Rejected:
+						rejected.Add(1)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if got := allowed.Load(); got != int64(tt.burst) {
+				t.Errorf("allowed of %d concurrent = %d, want %d", tt.goroutines, got, tt.burst)
+			}
+			if got, want := rejected.Load(), int64(tt.goroutines-tt.burst); got != want {
+				t.Errorf("rejected of %d concurrent = %d, want %d", tt.goroutines, got, want)
+			}
+		})
+	}
+}
+
+// TestConcurrentClientShare releases many goroutines of two clients at once: each client
+// gets exactly its share and the global bucket loses only the tokens of allowed requests.
+func TestConcurrentClientShare(t *testing.T) {
+	const (
+		goroutines  = 200
+		clientLimit = 3
+		burst       = 50
+	)
+	clock := newFakeClock()
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: burst, ClientLimit: clientLimit, ClientWindow: time.Hour}, clock.Now)
+	var allowed [2]atomic.Int64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range goroutines {
+		wg.Go(func() {
+			<-start
+			client := i % 2
+			if d := acquire(b, fmt.Sprint("client-", client)); d.Outcome == limiter.Allowed {
+				allowed[client].Add(1)
+			} else if d.Outcome != limiter.RejectedClient {
+				t.Errorf("Acquire(client-%d) = %v, want allowed or rejected_client", client, d.Outcome)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for c := range allowed {
+		if got := allowed[c].Load(); got != clientLimit {
+			t.Errorf("allowed of client-%d = %d, want %d", c, got, clientLimit)
+		}
+	}
+	// The global bucket still holds burst - 2×clientLimit tokens at the same instant.
+	for i := range burst - 2*clientLimit {
+		if d := acquire(b, fmt.Sprint("other-", i)); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(other-%d) = %v, want allowed (global token left)", i, d.Outcome)
+		}
+	}
+	if d := acquire(b, "last"); d.Outcome != limiter.Rejected {
+		t.Errorf("Acquire(last) = %v, want rejected (global bucket empty)", d.Outcome)
+	}
+}
+
+// TestClientShare checks the per-client share (httprate, real clock): clients are
+// counted apart, and a client rejection takes no token of the global bucket.
+func TestClientShare(t *testing.T) {
+	const window = time.Hour // long enough never to roll over during the test
+	t.Run("clients are independent", func(t *testing.T) {
+		b := mustBucket(t, limiter.Limit{ClientLimit: 3, ClientWindow: window}, nil)
+		for _, client := range []string{"apikey-a", "apikey-b", "10.0.0.7"} {
+			for i := range 3 {
+				if d := acquire(b, client); d.Outcome != limiter.Allowed {
+					t.Fatalf("Acquire(%s) #%d = %v, want allowed", client, i+1, d.Outcome)
+				}
+			}
+			for i := range 2 {
+				d := acquire(b, client)
+				if d.Outcome != limiter.RejectedClient {
+					t.Fatalf("Acquire(%s) #%d = %v, want rejected_client", client, 4+i, d.Outcome)
+				}
+				if d.RetryAfter != window {
+					t.Errorf("Acquire(%s).RetryAfter = %v, want the window %v", client, d.RetryAfter, window)
+				}
+				if got, want := d.RetryAfterSeconds(), 3600; got != want {
+					t.Errorf("Acquire(%s).RetryAfterSeconds() = %d, want %d", client, got, want)
+				}
+			}
+		}
+	})
+
+	t.Run("default window is one second", func(t *testing.T) {
+		b := mustBucket(t, limiter.Limit{ClientLimit: 1}, nil)
+		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
+		}
+		// Even if the window rolls over between the two calls, the sliding window
+		// still counts the first request.
+		d := acquire(b, "a")
+		if d.Outcome != limiter.RejectedClient || d.RetryAfter != time.Second {
+			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1s", d)
+		}
+		if got := b.Limit().ClientWindow; got != 0 {
+			t.Errorf("Limit().ClientWindow = %v, want 0 as configured", got)
+		}
+	})
+
+	t.Run("client rejection takes no global token", func(t *testing.T) {
+		clock := newFakeClock()
+		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 5, ClientLimit: 2, ClientWindow: window}, clock.Now)
+		steps := []struct {
+			client string
+			want   limiter.Outcome
+		}{
+			{"a", limiter.Allowed},
+			{"a", limiter.Allowed},
+			{"a", limiter.RejectedClient},
+			{"a", limiter.RejectedClient},
+			{"a", limiter.RejectedClient},
+			{"b", limiter.Allowed},
+			{"b", limiter.Allowed},
+			{"b", limiter.RejectedClient},
+			{"c", limiter.Allowed},  // the fifth and last global token
+			{"d", limiter.Rejected}, // the global bucket is empty
+			{"d", limiter.Rejected},
+		}
+		for i, s := range steps {
+			if d := acquire(b, s.client); d.Outcome != s.want {
+				t.Fatalf("step %d: Acquire(%s) = %v, want %v", i+1, s.client, d.Outcome, s.want)
+			}
+		}
+	})
+
+	t.Run("global rejection takes no client slot", func(t *testing.T) {
+		clock := newFakeClock()
+		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, ClientLimit: 2, ClientWindow: window}, clock.Now)
+		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
+		}
+		for i := range 5 {
+			if d := acquire(b, "a"); d.Outcome != limiter.Rejected {
+				t.Fatalf("Acquire(a) #%d = %v, want rejected (global)", i+2, d.Outcome)
+			}
+		}
+		clock.Advance(time.Second)
+		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(a) one second later = %v, want allowed (its second slot)", d.Outcome)
+		}
+	})
+}
+
+func TestUnlimited(t *testing.T) {
+	t.Run("nil bucket", func(t *testing.T) {
+		var b *limiter.Bucket
+		for i := range 1000 {
+			if d := b.Acquire(context.Background(), nil, "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
+				t.Fatalf("(*Bucket)(nil).Acquire() #%d = %+v, want allowed", i+1, d)
+			}
+		}
+		if got := b.Limit(); got != (limiter.Limit{}) {
+			t.Errorf("(*Bucket)(nil).Limit() = %+v, want the zero Limit", got)
+		}
+	})
+	t.Run("zero limit", func(t *testing.T) {
+		b := mustBucket(t, limiter.Limit{}, nil)
+		for i := range 1000 {
+			if d := b.Acquire(canceledCtx(), nil, "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
+				t.Fatalf("Acquire() #%d on the zero Limit = %+v, want allowed", i+1, d)
+			}
+		}
+	})
+	t.Run("Limit.Unlimited", func(t *testing.T) {
+		tests := []struct {
+			l    limiter.Limit
+			want bool
+		}{
+			{limiter.Limit{}, true},
+			{limiter.Limit{Burst: 5, MaxWait: time.Second, ClientWindow: time.Minute}, true},
+			{limiter.Limit{Rate: 0.5}, false},
+			{limiter.Limit{ClientLimit: 1}, false},
+		}
+		for _, tt := range tests {
+			if got := tt.l.Unlimited(); got != tt.want {
+				t.Errorf("%+v.Unlimited() = %v, want %v", tt.l, got, tt.want)
+			}
+		}
+	})
+}
+
+func TestDefaultBurst(t *testing.T) {
+	tests := []struct {
+		rate      float64
+		burst     int
+		wantBurst int
+	}{
+		{0.1, 0, 1},
+		{0.5, 0, 1},
+		{1, 0, 1},
+		{2.5, 0, 3},
+		{20, 0, 20},
+		{50, 0, 50},
+		{20, 7, 7},
+		{0, 0, 0}, // no global bucket: nothing to fill in
+	}
+	for _, tt := range tests {
+		clock := newFakeClock()
+		b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+		if got := b.Limit().Burst; got != tt.wantBurst {
+			t.Errorf("NewBucket(Rate %v, Burst %d).Limit().Burst = %d, want %d", tt.rate, tt.burst, got, tt.wantBurst)
+		}
+		if tt.rate == 0 {
+			continue
+		}
+		// The bucket really holds that many tokens at once.
+		var allowed int
+		for range tt.wantBurst + 5 {
+			if acquire(b, "c").Outcome == limiter.Allowed {
+				allowed++
+			}
+		}
+		if allowed != tt.wantBurst {
+			t.Errorf("allowed at once by NewBucket(Rate %v, Burst %d) = %d, want %d", tt.rate, tt.burst, allowed, tt.wantBurst)
+		}
+	}
+}
+
+func TestNewBucketInvalid(t *testing.T) {
+	tests := []struct {
+		name  string
+		l     limiter.Limit
+		field string // named in the error
+	}{
+		{"negative rate", limiter.Limit{Rate: -1}, "rate"},
+		{"NaN rate", limiter.Limit{Rate: math.NaN()}, "rate"},
+		{"infinite rate", limiter.Limit{Rate: math.Inf(1)}, "rate"},
+		{"negative infinite rate", limiter.Limit{Rate: math.Inf(-1)}, "rate"},
+		{"negative burst", limiter.Limit{Rate: 1, Burst: -1}, "burst"},
+		{"negative burst, no rate", limiter.Limit{Burst: -1}, "burst"},
+		{"negative max wait", limiter.Limit{Rate: 1, MaxWait: -time.Second}, "max wait"},
+		{"negative client limit", limiter.Limit{ClientLimit: -1}, "client limit"},
+		{"negative client window", limiter.Limit{ClientLimit: 1, ClientWindow: -time.Second}, "client window"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := limiter.NewBucket(tt.l, nil)
+			if err == nil {
+				t.Fatalf("NewBucket(%+v) = %v, nil, want an error naming %q", tt.l, b, tt.field)
+			}
+			if !strings.HasPrefix(err.Error(), tt.field+" ") {
+				t.Errorf("NewBucket(%+v) error = %q, want it to start with %q", tt.l, err, tt.field)
+			}
+			if b != nil {
+				t.Errorf("NewBucket(%+v) bucket = %v, want nil with the error", tt.l, b)
+			}
+		})
+	}
+}
+
+func TestNewSet(t *testing.T) {
+	clock := newFakeClock()
+	s, err := limiter.NewSet(map[string]limiter.Limit{
+		"file_result": {Rate: 2, Burst: 4},
+		"hash_lookup": {ClientLimit: 3},
+		"file_submit": {}, // unlimited
+	}, clock.Now)
+	if err != nil {
+		t.Fatalf("NewSet() = %v, want no error", err)
+	}
+	tests := []struct {
+		route   string
+		wantNil bool
+		want    limiter.Limit
+	}{
+		{"file_result", false, limiter.Limit{Rate: 2, Burst: 4}},
+		{"hash_lookup", false, limiter.Limit{ClientLimit: 3}},
+		{"file_submit", true, limiter.Limit{}},
+		{"no_such_route", true, limiter.Limit{}},
+		{"", true, limiter.Limit{}},
+	}
+	for _, tt := range tests {
+		b := s.Bucket(tt.route)
+		if (b == nil) != tt.wantNil {
+			t.Errorf("Set.Bucket(%q) = %v, want nil: %v", tt.route, b, tt.wantNil)
+		}
+		if got := b.Limit(); got != tt.want {
+			t.Errorf("Set.Bucket(%q).Limit() = %+v, want %+v", tt.route, got, tt.want)
+		}
+	}
+	// The buckets share the clock given to NewSet.
+	b := s.Bucket("file_result")
+	for i := range 4 {
+		if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(file_result) #%d = %v, want allowed", i+1, d.Outcome)
+		}
+	}
+	if d := acquire(b, "c"); d.Outcome != limiter.Rejected {
+		t.Fatalf("Acquire(file_result) #5 = %v, want rejected", d.Outcome)
+	}
+	clock.Advance(500 * time.Millisecond)
+	if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+		t.Fatalf("Acquire(file_result) 500ms later = %v, want allowed", d.Outcome)
+	}
+
+	var nilSet *limiter.Set
+	if b := nilSet.Bucket("file_result"); b != nil {
+		t.Errorf("(*Set)(nil).Bucket(file_result) = %v, want nil", b)
+	}
+}
+
+func TestNewSetInvalid(t *testing.T) {
+	tests := []struct {
+		name  string
+		l     limiter.Limit
+		field string
+	}{
+		{"negative rate", limiter.Limit{Rate: -0.5}, "rate"},
+		{"NaN rate", limiter.Limit{Rate: math.NaN()}, "rate"},
+		{"negative burst", limiter.Limit{Rate: 1, Burst: -3}, "burst"},
+		{"negative burst, no rate", limiter.Limit{Burst: -3}, "burst"},
+		{"negative max wait", limiter.Limit{Rate: 1, MaxWait: -time.Millisecond}, "max wait"},
+		{"negative max wait, no rate", limiter.Limit{MaxWait: -time.Millisecond}, "max wait"},
+		{"negative client limit", limiter.Limit{ClientLimit: -2}, "client limit"},
+		{"negative client window", limiter.Limit{Rate: 1, ClientWindow: -time.Second}, "client window"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			limits := map[string]limiter.Limit{
+				"file_result": tt.l,
+				"file_submit": {},
+				"hash_lookup": {Rate: 1},
+			}
+			s, err := limiter.NewSet(limits, nil)
+			if err == nil {
+				t.Fatalf("NewSet(file_result: %+v) = %v, nil, want an error", tt.l, s)
+			}
+			if want := "route file_result: " + tt.field + " "; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("NewSet(file_result: %+v) error = %q, want it to start with %q", tt.l, err, want)
+			}
+		})
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	tests := []struct {
+		o    limiter.Outcome
+		want string
+	}{
+		{limiter.Allowed, "allowed"},
+		{limiter.Delayed, "delayed"},
+		{limiter.Rejected, "rejected"},
+		{limiter.RejectedClient, "rejected_client"},
+		{limiter.Canceled, "canceled"},
+		{limiter.Outcome(-1), "unknown"},
+		{limiter.Outcome(99), "unknown"},
+	}
+	for _, tt := range tests {
+		if got := tt.o.String(); got != tt.want {
+			t.Errorf("Outcome(%d).String() = %q, want %q", int(tt.o), got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package limiter_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/limiter"
+)
+
+const prefix = "MDPROXY_"
+
+var routes = []string{"file_result", "hash_lookup", "file_submit"}
+
+// defaults are the limits the environment overrides.
+var defaults = map[string]limiter.Limit{
+	"file_result": {Rate: 20, Burst: 40, MaxWait: 500 * time.Millisecond},
+	"hash_lookup": {Rate: 50, ClientLimit: 10, ClientWindow: time.Second},
+	// file_submit has no default: unlimited.
+}
+
+func TestVarName(t *testing.T) {
+	tests := []struct {
+		prefix, route, setting, want string
+	}{
+		{"MDPROXY_", "file_result", "RATE", "MDPROXY_FILE_RESULT_RATE"},
+		{"MDPROXY_", "hash_lookup", "CLIENT_WINDOW", "MDPROXY_HASH_LOOKUP_CLIENT_WINDOW"},
+		{"MDPROXY_", "file_result", "", "MDPROXY_FILE_RESULT_"},
+		{"", "batch", "BURST", "BATCH_BURST"},
+	}
+	for _, tt := range tests {
+		if got := limiter.VarName(tt.prefix, tt.route, tt.setting); got != tt.want {
+			t.Errorf("VarName(%q, %q, %q) = %q, want %q", tt.prefix, tt.route, tt.setting, got, tt.want)
+		}
+	}
+}
+
+func TestParseLimits(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ map[string]string
+		want    map[string]limiter.Limit
+	}{
+		{
+			name:    "unset keeps defaults",
+			environ: map[string]string{},
+			want: map[string]limiter.Limit{
+				"file_result": defaults["file_result"],
+				"hash_lookup": defaults["hash_lookup"],
+				"file_submit": {},
+			},
+		},
+		{
+			name: "empty keeps defaults, others ignored",
+			environ: map[string]string{
+				"MDPROXY_FILE_RESULT_RATE":  "",
+				"MDPROXY_FILE_RESULT_BURST": "",
+				"FILE_RESULT_RATE":          "1",   // no prefix
+				"MDPROXY_OTHER_RATE":        "abc", // not a route asked for
+				"MDPROXY_FILE_RESULT_RATES": "abc",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": defaults["file_result"],
+				"hash_lookup": defaults["hash_lookup"],
+				"file_submit": {},
+			},
+		},
+		{
+			name: "every setting of one route",
+			environ: map[string]string{
+				"MDPROXY_FILE_RESULT_RATE":          "0.5",
+				"MDPROXY_FILE_RESULT_BURST":         "3",
+				"MDPROXY_FILE_RESULT_MAX_WAIT":      "250ms",
+				"MDPROXY_FILE_RESULT_CLIENT_LIMIT":  "7",
+				"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "1m",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": {Rate: 0.5, Burst: 3, MaxWait: 250 * time.Millisecond, ClientLimit: 7, ClientWindow: time.Minute},
+				"hash_lookup": defaults["hash_lookup"],
+				"file_submit": {},
+			},
+		},
+		{
+			name: "one setting overrides, the rest of the default stays",
+			environ: map[string]string{
+				"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT": "0",
+				"MDPROXY_FILE_SUBMIT_RATE":         "100",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": defaults["file_result"],
+				"hash_lookup": {Rate: 50, ClientWindow: time.Second},
+				"file_submit": {Rate: 100},
+			},
+		},
+		{
+			name: "zero turns a limit off",
+			environ: map[string]string{
+				"MDPROXY_FILE_RESULT_RATE":     "0",
+				"MDPROXY_FILE_RESULT_MAX_WAIT": "0s",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": {Burst: 40},
+				"hash_lookup": defaults["hash_lookup"],
+				"file_submit": {},
+			},
+		},
+		{
+			name: "integer rate and duration forms",
+			environ: map[string]string{
+				"MDPROXY_FILE_SUBMIT_RATE":          "2",
+				"MDPROXY_FILE_SUBMIT_MAX_WAIT":      "1.5s",
+				"MDPROXY_FILE_SUBMIT_CLIENT_WINDOW": "1h30m",
+				"MDPROXY_FILE_SUBMIT_CLIENT_LIMIT":  "1",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": defaults["file_result"],
+				"hash_lookup": defaults["hash_lookup"],
+				"file_submit": {Rate: 2, MaxWait: 1500 * time.Millisecond, ClientLimit: 1, ClientWindow: 90 * time.Minute},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := limiter.ParseLimits(tt.environ, prefix, routes, defaults)
+			if err != nil {
+				t.Fatalf("ParseLimits(%v) = %v, want no error", tt.environ, err)
+			}
+			if len(got) != len(tt.want) {
+				t.Errorf("ParseLimits(%v) = %v, want %d routes", tt.environ, got, len(tt.want))
+			}
+			for route, want := range tt.want {
+				if l, ok := got[route]; !ok || l != want {
+					t.Errorf("ParseLimits(%v)[%q] = %+v (present: %v), want %+v", tt.environ, route, l, ok, want)
+				}
+			}
+		})
+	}
+}
+
+func TestParseLimitsKeepsDefaults(t *testing.T) {
+	before := defaults["file_result"]
+	if _, err := limiter.ParseLimits(map[string]string{"MDPROXY_FILE_RESULT_RATE": "1"}, prefix, routes, defaults); err != nil {
+		t.Fatalf("ParseLimits() = %v, want no error", err)
+	}
+	if got := defaults["file_result"]; got != before {
+		t.Errorf("defaults[file_result] after ParseLimits = %+v, want it untouched %+v", got, before)
+	}
+}
+
+func TestParseLimitsErrors(t *testing.T) {
+	tests := []struct {
+		variable, value string
+		want            string // in the message, after the variable and value
+	}{
+		{"MDPROXY_FILE_RESULT_RATE", "abc", "want a number"},
+		{"MDPROXY_FILE_RESULT_RATE", "1/s", "want a number"},
+		{"MDPROXY_FILE_RESULT_RATE", "-1", "requests per second >= 0"},
+		{"MDPROXY_FILE_RESULT_RATE", "NaN", "requests per second >= 0"},
+		{"MDPROXY_FILE_RESULT_RATE", "Inf", "requests per second >= 0"},
+		{"MDPROXY_FILE_RESULT_RATE", "-Inf", "requests per second >= 0"},
+		{"MDPROXY_FILE_RESULT_BURST", "ten", "want a whole number"},
+		{"MDPROXY_FILE_RESULT_BURST", "1.5", "want a whole number"},
+		{"MDPROXY_FILE_RESULT_BURST", "-1", "whole number of requests >= 0"},
+		{"MDPROXY_FILE_RESULT_MAX_WAIT", "2", "want a duration with its unit"},
+		{"MDPROXY_FILE_RESULT_MAX_WAIT", "soon", "want a duration with its unit"},
+		{"MDPROXY_FILE_RESULT_MAX_WAIT", "-1s", "duration >= 0"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "many", "want a whole number"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "-5", "requests per window >= 0"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "2", "want a duration with its unit"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "-1m", "duration >= 0"},
+		{"MDPROXY_FILE_SUBMIT_RATE", "NaN", "requests per second >= 0"},
+		{"MDPROXY_FILE_SUBMIT_BURST", "-2", "whole number of requests >= 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.variable+"="+tt.value, func(t *testing.T) {
+			environ := map[string]string{
+				tt.variable: tt.value,
+				// A good variable of another route does not hide the bad one.
+				"MDPROXY_FILE_SUBMIT_CLIENT_LIMIT": "3",
+			}
+			got, err := limiter.ParseLimits(environ, prefix, routes, defaults)
+			if err == nil {
+				t.Fatalf("ParseLimits(%s=%q) = %v, nil, want an error", tt.variable, tt.value, got)
+			}
+			var ee *envconf.Error
+			if !errors.As(err, &ee) {
+				t.Fatalf("ParseLimits(%s=%q) error = %T %q, want an *envconf.Error", tt.variable, tt.value, err, err)
+			}
+			if ee.Var != tt.variable {
+				t.Errorf("ParseLimits(%s=%q) error Var = %q, want %q", tt.variable, tt.value, ee.Var, tt.variable)
+			}
+			if ee.Value != tt.value {
+				t.Errorf("ParseLimits(%s=%q) error Value = %q, want %q", tt.variable, tt.value, ee.Value, tt.value)
+			}
+			msg := err.Error()
+			if wantPrefix := tt.variable + "=" + `"` + tt.value + `": `; !strings.HasPrefix(msg, wantPrefix) {
+				t.Errorf("ParseLimits(%s=%q) error = %q, want it to start with %q", tt.variable, tt.value, msg, wantPrefix)
+			}
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("ParseLimits(%s=%q) error = %q, want it to contain %q", tt.variable, tt.value, msg, tt.want)
+			}
+			if got != nil {
+				t.Errorf("ParseLimits(%s=%q) limits = %v, want nil with the error", tt.variable, tt.value, got)
+			}
+		})
+	}
+}
+
+// TestParseLimitsBuildsSet checks that what ParseLimits accepts NewSet accepts too.
+func TestParseLimitsBuildsSet(t *testing.T) {
+	limits, err := limiter.ParseLimits(map[string]string{"MDPROXY_FILE_RESULT_BURST": "0"}, prefix, routes, defaults)
+	if err != nil {
+		t.Fatalf("ParseLimits() = %v, want no error", err)
+	}
+	s, err := limiter.NewSet(limits, nil)
+	if err != nil {
+		t.Fatalf("NewSet(ParseLimits()) = %v, want no error", err)
+	}
+	if got, want := s.Bucket("file_result").Limit().Burst, 20; got != want {
+		t.Errorf("Bucket(file_result).Limit().Burst with BURST=0 and rate 20 = %d, want %d", got, want)
+	}
+	if b := s.Bucket("file_submit"); b != nil {
+		t.Errorf("Bucket(file_submit) = %v, want nil (unlimited)", b)
+	}
+}
