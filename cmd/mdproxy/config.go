@@ -96,6 +96,13 @@ func (c *Config) validate(environ map[string]string) error {
 	bad := func(name, want string) error {
 		return &envconf.Error{Var: envPrefix + name, Value: environ[envPrefix+name], Want: want}
 	}
+	// env gives a variable set but empty its envDefault; an address set empty (a ${VAR}
+	// that expanded to nothing) is a mistake, so the checks below must see it empty.
+	for name, p := range map[string]*string{"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr} {
+		if v, set := environ[envPrefix+name]; set && v == "" {
+			*p = ""
+		}
+	}
 	u, err := url.Parse(c.UpstreamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")
@@ -104,7 +111,8 @@ func (c *Config) validate(environ map[string]string) error {
 	if c.ListenAddr == "" {
 		return bad("LISTEN_ADDR", "want a host:port to listen on, e.g. :8009")
 	}
-	if c.AdminAddr == "" || c.AdminAddr == c.ListenAddr {
+	// Port 0 gives each listener a free port of its own: the same address twice is fine.
+	if c.AdminAddr == "" || (c.AdminAddr == c.ListenAddr && !strings.HasSuffix(c.AdminAddr, ":0")) {
 		return bad("ADMIN_ADDR", "want a host:port to listen on, not the proxy's, e.g. :9009")
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/proxy"
+)
+
+// routeVar returns the variable of a route's setting, e.g. MDPROXY_FILE_RESULT_RATE.
+func routeVar(route, setting string) string {
+	return envPrefix + strings.ToUpper(route) + "_" + setting
+}
+
+// namesVar reports whether msg names the variable name as a whole word: not as a part
+// of a longer name (MDPROXY_UPSTREAM_TIMEOUT is not named by
+// MDPROXY_UPSTREAM_TIMEOUTS, nor MDPROXY_STAT_RATE by MDPROXY_XSTAT_RATE).
+func namesVar(msg, name string) bool {
+	isNameByte := func(b byte) bool {
+		return b == '_' || 'A' <= b && b <= 'Z' || 'a' <= b && b <= 'z' || '0' <= b && b <= '9'
+	}
+	for i := 0; ; {
+		j := strings.Index(msg[i:], name)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(name)
+		if (start == 0 || !isNameByte(msg[start-1])) && (end == len(msg) || !isNameByte(msg[end])) {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	// The map is the only source: a variable of the process environment is not read.
+	t.Setenv("MDPROXY_LISTEN_ADDR", "192.0.2.1:1")
+	t.Setenv("MDPROXY_FILE_RESULT_RATE", "1000")
+
+	c, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatalf("loadConfig(empty) error = %v, want nil", err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"ListenAddr", c.ListenAddr, ":8009"},
+		{"AdminAddr", c.AdminAddr, ":9009"},
+		{"UpstreamURL", c.UpstreamURL, "http://127.0.0.1:8008"},
+		{"upstream", c.upstream.String(), "http://127.0.0.1:8008"},
+		{"LimitStatus", c.LimitStatus, 503},
+		{"len(TrustedProxies)", len(c.TrustedProxies), 0},
+		{"len(trusted)", len(c.trusted), 0},
+		{"UpstreamTimeout", c.UpstreamTimeout, 60 * time.Second},
+		{"DialTimeout", c.DialTimeout, 5 * time.Second},
+		{"ReadHeaderTimeout", c.ReadHeaderTimeout, 10 * time.Second},
+		{"IdleTimeout", c.IdleTimeout, 120 * time.Second},
+		{"ShutdownTimeout", c.ShutdownTimeout, 30 * time.Second},
+		{"LogLevel", c.LogLevel, "info"},
+		{"level", c.level, slog.LevelInfo},
+		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("loadConfig(empty).%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+
+	// The documented limits: file_result 10/s burst 20, batch_status 2/s burst 4,
+	// hash_lookup 10/s burst 20, no wait, no per-client share.
+	documented := map[string]limiter.Limit{
+		"file_result":  {Rate: 10, Burst: 20},
+		"batch_status": {Rate: 2, Burst: 4},
+		"hash_lookup":  {Rate: 10, Burst: 20},
+	}
+	for name, want := range documented {
+		if got := DefaultLimits[name]; got != want {
+			t.Errorf("DefaultLimits[%q] = %+v, want %+v", name, got, want)
+		}
+	}
+	for _, name := range proxy.RouteNames() {
+		got, ok := c.Limits[name]
+		if !ok {
+			t.Errorf("loadConfig(empty).Limits has no route %q", name)
+			continue
+		}
+		if want := documented[name]; got != want {
+			t.Errorf("loadConfig(empty).Limits[%q] = %+v, want %+v", name, got, want)
+		}
+	}
+	for _, name := range []string{"submit", proxy.RouteOther, "sanitized_download", "readyz"} {
+		if !c.Limits[name].Unlimited() {
+			t.Errorf("loadConfig(empty).Limits[%q] = %+v, want unlimited", name, c.Limits[name])
+		}
+	}
+	for _, name := range []string{"file_result", "batch_status", "hash_lookup"} {
+		if c.Limits[name].Unlimited() {
+			t.Errorf("loadConfig(empty).Limits[%q] is unlimited, want limited by default", name)
+		}
+	}
+}
+
+func TestLoadConfigBadValue(t *testing.T) {
+	type badCase struct {
+		env     map[string]string
+		wantVar string
+	}
+	one := func(name, value string) badCase {
+		return badCase{map[string]string{name: value}, name}
+	}
+	cases := []badCase{
+		one("MDPROXY_LISTEN_ADDR", ""),
+		one("MDPROXY_ADMIN_ADDR", ""),
+		one("MDPROXY_ADMIN_ADDR", ":8009"), // the default listen address
+		{map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:7000", "MDPROXY_ADMIN_ADDR": "127.0.0.1:7000"}, "MDPROXY_ADMIN_ADDR"},
+		one("MDPROXY_UPSTREAM_URL", "ftp://x"),
+		one("MDPROXY_UPSTREAM_URL", "not a url"),
+		one("MDPROXY_UPSTREAM_URL", "http://"),
+		one("MDPROXY_UPSTREAM_URL", "127.0.0.1:8008"),
+		one("MDPROXY_UPSTREAM_URL", ""),
+		one("MDPROXY_LIMIT_STATUS", "500"),
+		one("MDPROXY_LIMIT_STATUS", "200"),
+		one("MDPROXY_LIMIT_STATUS", "abc"),
+		one("MDPROXY_TRUSTED_PROXIES", "foo"),
+		one("MDPROXY_TRUSTED_PROXIES", "10.0.0.0/33"),
+		one("MDPROXY_TRUSTED_PROXIES", "10.0.0.0/8, foo"),
+		one("MDPROXY_LOG_LEVEL", "loud"),
+	}
+	for _, name := range []string{"MDPROXY_UPSTREAM_TIMEOUT", "MDPROXY_UPSTREAM_DIAL_TIMEOUT", "MDPROXY_READ_HEADER_TIMEOUT", "MDPROXY_IDLE_TIMEOUT"} {
+		for _, v := range []string{"0s", "0", "10", "-1s", "x"} {
+			cases = append(cases, one(name, v))
+		}
+	}
+	for _, v := range []string{"-1s", "x", "30"} {
+		cases = append(cases, one("MDPROXY_SHUTDOWN_TIMEOUT", v))
+	}
+	routes := proxy.RouteNames()
+	if len(routes) < 2 || !slices.Contains(routes, "file_result") || !slices.Contains(routes, proxy.RouteOther) {
+		t.Fatalf("proxy.RouteNames() = %v, want file_result, ..., other", routes)
+	}
+	for _, route := range routes {
+		for _, bad := range []struct{ setting, value string }{
+			{"RATE", "abc"}, {"RATE", "-1"}, {"RATE", "NaN"}, {"RATE", "+Inf"},
+			{"BURST", "-1"}, {"BURST", "1.5"},
+			{"MAX_WAIT", "5"}, {"MAX_WAIT", "-1s"},
+			{"CLIENT_LIMIT", "-3"}, {"CLIENT_LIMIT", "x"},
+			{"CLIENT_WINDOW", "x"}, {"CLIENT_WINDOW", "-1s"},
+		} {
+			cases = append(cases, one(routeVar(route, bad.setting), bad.value))
+		}
+	}
+
+	for _, tc := range cases {
+		value := tc.env[tc.wantVar]
+		t.Run(fmt.Sprintf("%s=%q", tc.wantVar, value), func(t *testing.T) {
+			c, err := loadConfig(tc.env)
+			if err == nil {
+				t.Fatalf("loadConfig(%v) = {ListenAddr:%q AdminAddr:%q UpstreamURL:%q ...}, nil; want an error naming %s",
+					tc.env, c.ListenAddr, c.AdminAddr, c.UpstreamURL, tc.wantVar)
+			}
+			var ce *configError
+			if !errors.As(err, &ce) {
+				t.Errorf("loadConfig(%v) error = %v (%T), want a *configError", tc.env, err, err)
+			}
+			msg := err.Error()
+			if !namesVar(msg, tc.wantVar) {
+				t.Errorf("loadConfig(%v) error = %q, want it to name %s", tc.env, msg, tc.wantVar)
+			}
+			if !strings.Contains(msg, strconv.Quote(value)) {
+				t.Errorf("loadConfig(%v) error = %q, want it to quote the bad value %q", tc.env, msg, value)
+			}
+			if !strings.Contains(msg, "want") {
+				t.Errorf("loadConfig(%v) error = %q, want it to say what %s accepts", tc.env, msg, tc.wantVar)
+			}
+		})
+	}
+}
+
+func TestLoadConfigValidValues(t *testing.T) {
+	env := map[string]string{
+		"MDPROXY_LISTEN_ADDR":           "127.0.0.1:18009",
+		"MDPROXY_ADMIN_ADDR":            "127.0.0.1:19009",
+		"MDPROXY_UPSTREAM_URL":          "https://core.example:8443/base",
+		"MDPROXY_LIMIT_STATUS":          "429",
+		"MDPROXY_TRUSTED_PROXIES":       "10.0.0.0/8, 192.0.2.7, ::1",
+		"MDPROXY_UPSTREAM_TIMEOUT":      "90s",
+		"MDPROXY_UPSTREAM_DIAL_TIMEOUT": "2s",
+		"MDPROXY_READ_HEADER_TIMEOUT":   "3s",
+		"MDPROXY_IDLE_TIMEOUT":          "4m",
+		"MDPROXY_SHUTDOWN_TIMEOUT":      "0s", // 0 cuts in-flight requests at once: allowed
+		"MDPROXY_LOG_LEVEL":             "debug",
+
+		"MDPROXY_FILE_RESULT_RATE":          "0.5",
+		"MDPROXY_FILE_RESULT_BURST":         "3",
+		"MDPROXY_FILE_RESULT_MAX_WAIT":      "250ms",
+		"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT":  "5",
+		"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW": "1m",
+		"MDPROXY_BATCH_STATUS_RATE":         "0", // lifts the default limit
+		"MDPROXY_SUBMIT_MAX_WAIT":           "1s",
+		"MDPROXY_OTHER_RATE":                "100",
+		"MDPROXY_UNKNOWN_SETTING":           "ignored",
+	}
+	c, err := loadConfig(env)
+	if err != nil {
+		t.Fatalf("loadConfig(%v) error = %v, want nil", env, err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"ListenAddr", c.ListenAddr, "127.0.0.1:18009"},
+		{"AdminAddr", c.AdminAddr, "127.0.0.1:19009"},
+		{"upstream", c.upstream.String(), "https://core.example:8443/base"},
+		{"LimitStatus", c.LimitStatus, 429},
+		{"UpstreamTimeout", c.UpstreamTimeout, 90 * time.Second},
+		{"DialTimeout", c.DialTimeout, 2 * time.Second},
+		{"ReadHeaderTimeout", c.ReadHeaderTimeout, 3 * time.Second},
+		{"IdleTimeout", c.IdleTimeout, 4 * time.Minute},
+		{"ShutdownTimeout", c.ShutdownTimeout, time.Duration(0)},
+		{"level", c.level, slog.LevelDebug},
+		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("loadConfig(valid).%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	for route, want := range map[string]limiter.Limit{
+		"file_result":  {Rate: 0.5, Burst: 3, MaxWait: 250 * time.Millisecond},
+		"hash_lookup":  {Rate: 10, Burst: 20, ClientLimit: 5, ClientWindow: time.Minute},
+		"batch_status": {Rate: 0, Burst: 4},
+		"submit":       {MaxWait: time.Second},
+		"other":        {Rate: 100},
+		"version":      {},
+	} {
+		if got := c.Limits[route]; got != want {
+			t.Errorf("loadConfig(valid).Limits[%q] = %+v, want %+v", route, got, want)
+		}
+	}
+	if !c.Limits["batch_status"].Unlimited() {
+		t.Errorf("loadConfig(MDPROXY_BATCH_STATUS_RATE=0).Limits[batch_status] = %+v, want unlimited", c.Limits["batch_status"])
+	}
+	// Loading must not change the package's defaults.
+	if got := DefaultLimits["file_result"]; got != (limiter.Limit{Rate: 10, Burst: 20}) {
+		t.Errorf("after loadConfig, DefaultLimits[file_result] = %+v, want {Rate:10 Burst:20}", got)
+	}
+}
+
+// TestLoadConfigEveryRouteVariable checks that each route of the table reads its own
+// variables, and only them.
+func TestLoadConfigEveryRouteVariable(t *testing.T) {
+	for i, route := range proxy.RouteNames() {
+		rate := 0.5 + float64(i)
+		env := map[string]string{
+			routeVar(route, "RATE"):     strconv.FormatFloat(rate, 'f', -1, 64),
+			routeVar(route, "BURST"):    "3",
+			routeVar(route, "MAX_WAIT"): "250ms",
+		}
+		c, err := loadConfig(env)
+		if err != nil {
+			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			continue
+		}
+		want := limiter.Limit{Rate: rate, Burst: 3, MaxWait: 250 * time.Millisecond}
+		if got := c.Limits[route]; got != want {
+			t.Errorf("loadConfig(%v).Limits[%q] = %+v, want %+v", env, route, got, want)
+		}
+		for _, other := range proxy.RouteNames() {
+			if other != route && c.Limits[other] != DefaultLimits[other] {
+				t.Errorf("loadConfig(%v).Limits[%q] = %+v, want its default %+v", env, other, c.Limits[other], DefaultLimits[other])
+			}
+		}
+	}
+}
+
+func TestLoadConfigTrustedProxies(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  []netip.Prefix
+	}{
+		{"", nil},
+		{"10.0.0.0/8, 192.0.2.7, ::1", []netip.Prefix{
+			netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("::1/128"),
+		}},
+		{"10.1.2.3/8", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+		{" , 2001:db8::/32 ,", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}},
+	} {
+		env := map[string]string{"MDPROXY_TRUSTED_PROXIES": tc.value}
+		c, err := loadConfig(env)
+		if err != nil {
+			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			continue
+		}
+		if !slices.Equal(c.trusted, tc.want) {
+			t.Errorf("loadConfig(%v).trusted = %v, want %v", env, c.trusted, tc.want)
+		}
+	}
+}
+
+// TestLoadConfigPortZero: port 0 gives each listener a free port of its own, so the
+// same address with port 0 for both is not the same listener (tests rely on it).
+func TestLoadConfigPortZero(t *testing.T) {
+	env := map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0"}
+	c, err := loadConfig(env)
+	if err != nil {
+		t.Fatalf("loadConfig(%v) error = %v, want nil", env, err)
+	}
+	if c.ListenAddr != "127.0.0.1:0" || c.AdminAddr != "127.0.0.1:0" {
+		t.Errorf("loadConfig(%v) = ListenAddr %q, AdminAddr %q; want both 127.0.0.1:0", env, c.ListenAddr, c.AdminAddr)
+	}
+}

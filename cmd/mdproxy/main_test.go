@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package when a test leaves a goroutine behind: a server, a
+// connection or a paced reader that was not stopped.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// buildBinary builds mdproxy into a temporary directory with the go command of the
+// toolchain running the test, and returns its path.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Skipf("no go command to build mdproxy: %v", err)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "mdproxy")
+	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// exitCode returns the exit code of a finished command's Run or Wait error.
+func exitCode(t *testing.T, err error) int {
+	t.Helper()
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("running mdproxy: %v", err)
+	}
+	return ee.ExitCode()
+}
+
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	t.Parallel()
+	bin := buildBinary(t)
+
+	// A bad setting: exit 2 before listening, one line on stderr naming the variable.
+	for _, tc := range []struct{ name, value string }{
+		{"MDPROXY_LIMIT_STATUS", "abc"},
+		{"MDPROXY_LIMIT_STATUS", "500"},
+		{"MDPROXY_UPSTREAM_URL", "ftp://x"},
+		{"MDPROXY_LISTEN_ADDR", ""},
+		{"MDPROXY_FILE_RESULT_RATE", "-1"},
+		{"MDPROXY_HASH_LOOKUP_MAX_WAIT", "5"},
+		{"MDPROXY_SHUTDOWN_TIMEOUT", "x"},
+	} {
+		t.Run("exit2/"+tc.name+"="+tc.value, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), safety)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin)
+			cmd.Env = []string{tc.name + "=" + tc.value}
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if code := exitCode(t, cmd.Run()); code != 2 {
+				t.Errorf("mdproxy with %s=%q exit code = %d, want 2; stderr:\n%s", tc.name, tc.value, code, stderr.String())
+			}
+			msg := stderr.String()
+			if strings.Count(msg, "\n") != 1 || !strings.HasSuffix(msg, "\n") {
+				t.Errorf("mdproxy with %s=%q stderr = %q, want one line", tc.name, tc.value, msg)
+			}
+			if !namesVar(msg, tc.name) {
+				t.Errorf("mdproxy with %s=%q stderr = %q, want it to name %s", tc.name, tc.value, msg, tc.name)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout.String())
+			}
+		})
+	}
+
+	// Any other failure, here an address in use: exit 1.
+	t.Run("exit1/listen address in use", func(t *testing.T) {
+		t.Parallel()
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), safety)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = []string{"MDPROXY_LISTEN_ADDR=" + busy.Addr().String(), "MDPROXY_ADMIN_ADDR=127.0.0.1:0"}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if code := exitCode(t, cmd.Run()); code != 1 {
+			t.Errorf("mdproxy on a busy address exit code = %d, want 1; stderr:\n%s", code, stderr.String())
+		}
+		if msg := stderr.String(); !namesVar(msg, "MDPROXY_LISTEN_ADDR") {
+			t.Errorf("mdproxy on a busy address stderr = %q, want it to name MDPROXY_LISTEN_ADDR", msg)
+		}
+	})
+
+	// A signal: graceful shutdown and exit 0.
+	for _, sig := range []os.Signal{syscall.SIGTERM, os.Interrupt} {
+		t.Run("exit0/"+sig.String(), func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			c := newClient(t)
+			ctx, cancel := context.WithTimeout(context.Background(), safety)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin)
+			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL}
+			stderr, err := cmd.StderrPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var lines []string
+			served, stopped := false, false
+			sc := bufio.NewScanner(stderr)
+			for sc.Scan() {
+				line := sc.Text()
+				lines = append(lines, line)
+				var rec struct{ Msg, Listen, Admin string }
+				if err := json.Unmarshal([]byte(line), &rec); err != nil {
+					t.Errorf("mdproxy stderr line %q: not JSON: %v", line, err)
+					continue
+				}
+				switch rec.Msg {
+				case "mdproxy serving":
+					served = true
+					if code, body := get(t, c, "http://"+rec.Listen+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
+						t.Errorf("GET proxy /file/x = %d %q, want 200 from the upstream", code, body)
+					}
+					if code, _ := get(t, c, "http://"+rec.Admin+"/readyz"); code != http.StatusOK {
+						t.Errorf("GET admin /readyz = %d, want 200", code)
+					}
+					if err := cmd.Process.Signal(sig); err != nil {
+						t.Fatal(err)
+					}
+				case "mdproxy stopped":
+					stopped = true
+				}
+			}
+			if code := exitCode(t, cmd.Wait()); code != 0 {
+				t.Errorf("mdproxy after %v exit code = %d, want 0", sig, code)
+			}
+			if !served || !stopped {
+				t.Errorf("mdproxy stderr = %q, want %q then %q lines", lines, "mdproxy serving", "mdproxy stopped")
+			}
+		})
+	}
+}
