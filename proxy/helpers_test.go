@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,34 @@ func rawRequest(t testing.TB, proxyURL, head string) (*http.Response, string) {
 		t.Fatalf("reading response body to %q: %v", head, err)
 	}
 	return resp, b.String()
+}
+
+// waitMetric waits until metricValue(t, reg, name, labels) equals want, for at most 5
+// seconds, then fails t with the last value. A forwarded request is counted when its
+// handler returns, which may be just after the client has read the whole answer (the
+// reverse proxy flushes as it copies); tests that count forwarded requests wait here.
+func waitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := metricValue(t, reg, name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s%s = %v after 5 s, want %v", name, formatLabels(labels), got, want)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// formatLabels writes labels as Prometheus does, {k="v",...}, sorted by name.
+func formatLabels(labels map[string]string) string {
+	pairs := make([]string, 0, len(labels))
+	for k, v := range labels {
+		pairs = append(pairs, fmt.Sprintf("%s=%q", k, v))
+	}
+	sort.Strings(pairs)
+	return "{" + strings.Join(pairs, ",") + "}"
 }

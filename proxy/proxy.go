@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -171,15 +172,22 @@ func newRoute(name string, opts Options) *route {
 	m.LimitMaxWait.WithLabelValues(name).Set(l.MaxWait.Seconds())
 
 	upstream := opts.Upstream
+	trusted := opts.TrustedProxies
 	rt.proxy = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers named in Connection are removed after
 		// the rewrite, not before it (golang/go#53002).
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream) // keeps the client's path spelling and encoding
+			// A trusted load balancer's X-Forwarded-For chain is kept and extended; an
+			// untrusted peer's is dropped, so Core sees no forged client address.
+			if isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
+				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			}
 			pr.SetXForwarded()
 		},
 		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur},
 		ErrorHandler: rt.upstreamError,
+		BufferPool:   copyBuffers,
 		ErrorLog:     slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
 	}
 	return rt
@@ -261,8 +269,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
-	// before a byte of the body is read, so that nothing is forwarded.
-	if rt.submit && r.ContentLength < 0 {
+	// before a byte of the body is read, so that nothing is forwarded. A POST without
+	// any length header has ContentLength 0 in net/http, but the transport would send it
+	// as "Content-Length: 0" (Core: 422, not 411): refuse it too.
+	if rt.submit && (r.ContentLength < 0 || len(r.Header.Values("Content-Length")) == 0) {
 		writeError(rec, http.StatusLengthRequired, "Missing Content-Length header.")
 		return
 	}
@@ -331,6 +341,18 @@ func classify(r *http.Request, err error) string {
 		return metrics.KindReset
 	}
 	return metrics.KindOther
+}
+
+// copyBuffers recycles the 32 KiB buffers ReverseProxy copies bodies through.
+var copyBuffers = &bufferPool{sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte { return b.p.Get().(*[32 << 10]byte)[:] }
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == 32<<10 {
+		b.p.Put((*[32 << 10]byte)(buf[:32<<10]))
+	}
 }
 
 // timedTransport observes the time to Core's response headers.

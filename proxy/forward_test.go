@@ -1,0 +1,901 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+// fwdWait bounds every wait of these tests for something that must happen: generous,
+// since it is only reached when the behaviour under test is broken (or the machine is
+// very slow, e.g. under -race).
+const fwdWait = 30 * time.Second
+
+// fwdPatternLen is the length of the block fwdPattern repeats: a prime, so that no
+// power-of-two buffer size of the proxy lines up with it, and a lost, repeated or
+// reordered buffer changes the SHA-256 of the stream.
+const fwdPatternLen = 65521
+
+// fwdPattern is fwdPatternLen bytes drawn from a fixed ChaCha8 seed.
+var fwdPattern = func() []byte {
+	b := make([]byte, fwdPatternLen)
+	r := rand.NewChaCha8([32]byte{'m', 'd', 'p', 'r', 'o', 'x', 'y'})
+	_, _ = r.Read(b)
+	return b
+}()
+
+// fwdPatternReader reads fwdPattern over and over, forever; wrap it in io.LimitReader.
+// It never holds more than the pattern in memory, whatever the stream's length.
+type fwdPatternReader struct{ off int }
+
+func (r *fwdPatternReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], fwdPattern[r.off:])
+		n += c
+		r.off = (r.off + c) % fwdPatternLen
+	}
+	return n, nil
+}
+
+// fwdStream returns a deterministic reader of exactly n bytes.
+func fwdStream(n int64) io.Reader { return io.LimitReader(&fwdPatternReader{}, n) }
+
+// fwdClient returns an http.Client with its own transport (not http.DefaultTransport,
+// whose idle connections would outlive the test), closed by t.Cleanup.
+func fwdClient(t testing.TB) *http.Client {
+	t.Helper()
+	tr := &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 4}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Minute}
+}
+
+// fwdUpstreamTransport returns the proxy's transport to Core as NewTransport builds it
+// from o, its idle connections closed by t.Cleanup.
+func fwdUpstreamTransport(t testing.TB, o TransportOptions) *http.Transport {
+	t.Helper()
+	tr := NewTransport(o)
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// fwdWaitMetric waits up to fwdWait for the metric to reach want, then fails t with the
+// value it has. The proxy counts a request once its handler has returned, which may be
+// a moment after the client or the upstream saw the end of the exchange.
+func fwdWaitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(fwdWait)
+	for {
+		got := metricValue(t, reg, name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// fwdCheckMetric fails t unless the metric is want now.
+func fwdCheckMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	if got := metricValue(t, reg, name, labels); got != want {
+		t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+	}
+}
+
+// fwdCoreError decodes a Core-style error body {"err": "..."} and fails t unless it is
+// one, with a non-empty message, served as JSON.
+func fwdCoreError(t testing.TB, resp *http.Response, body []byte) string {
+	t.Helper()
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var e map[string]any
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("body %q is not JSON: %v", body, err)
+	}
+	msg, ok := e["err"].(string)
+	if !ok || msg == "" || len(e) != 1 {
+		t.Fatalf("body = %s, want {\"err\": \"<message>\"}", body)
+	}
+	return msg
+}
+
+// fwdHeapWatch samples the heap in use every few milliseconds until stop is called,
+// which returns the largest sample minus the baseline taken, after a GC, when
+// fwdHeapWatch was called.
+func fwdHeapWatch() (stop func() (growth int64)) {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	base := int64(ms.HeapInuse)
+	done := make(chan struct{})
+	result := make(chan int64)
+	go func() {
+		var ms runtime.MemStats
+		peak := base
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, int64(ms.HeapInuse))
+			select {
+			case <-done:
+				result <- peak - base
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-result
+	}
+}
+
+// fwdHash returns the hex SHA-256 of r's bytes and their number.
+func fwdHash(r io.Reader) (string, int64, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	return hex.EncodeToString(h.Sum(nil)), n, err
+}
+
+func fwdHex(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
+
+// maxHeapGrowth is the most the heap may grow while a large body streams through the
+// proxy: a few buffers per connection, far below the body.
+const maxHeapGrowth = 32 << 20
+
+// TestForwardLargeUpload sends 1 GiB to POST /file and checks that Core receives it
+// with the client's Content-Length (never chunked), byte for byte, while the heap stays
+// flat: the upload is streamed, not buffered (DESIGN.md, "POST /file is streamed").
+func TestForwardLargeUpload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1 GiB upload: skipped with -short")
+	}
+	const size = 1 << 30
+	type seen struct {
+		contentLength int64
+		header        string
+		te            []string
+		sum           string
+		n             int64
+		err           error
+	}
+	got := make(chan seen, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := seen{contentLength: r.ContentLength, header: r.Header.Get("Content-Length"), te: r.TransferEncoding}
+		s.sum, s.n, s.err = fwdHash(r.Body)
+		got <- s
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data_id":"61dffeaa728844adbf49eb090e4ece0e"}`)
+	})
+	base, reg := newTestProxy(t, upstream, nil)
+	client := fwdClient(t)
+
+	clientHash := sha256.New()
+	req, err := http.NewRequest(http.MethodPost, base+"/file", io.TeeReader(fwdStream(size), clientHash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("filename", "big.bin")
+
+	start := time.Now()
+	stop := fwdHeapWatch()
+	resp, err := client.Do(req)
+	if err != nil {
+		stop()
+		t.Fatalf("POST /file (1 GiB): %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	growth := stop()
+	t.Logf("1 GiB upload through the proxy: %v, heap growth %.1f MiB", time.Since(start).Round(time.Millisecond), float64(growth)/(1<<20))
+	if err != nil {
+		t.Fatalf("reading answer: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK || string(body) != `{"data_id":"61dffeaa728844adbf49eb090e4ece0e"}` {
+		t.Fatalf("POST /file = %d %q, want 200 and Core's data_id", resp.StatusCode, body)
+	}
+
+	var s seen
+	select {
+	case s = <-got:
+	case <-time.After(fwdWait):
+		t.Fatal("upstream never reported the upload")
+	}
+	if s.err != nil {
+		t.Fatalf("upstream reading body: %v", s.err)
+	}
+	if s.contentLength != size || s.header != fmt.Sprint(size) || len(s.te) != 0 {
+		t.Errorf("upstream saw ContentLength %d, Content-Length %q, TransferEncoding %q; want %d, %q, none",
+			s.contentLength, s.header, s.te, size, fmt.Sprint(size))
+	}
+	if want := fwdHex(clientHash); s.n != size || s.sum != want {
+		t.Errorf("upstream received %d bytes, SHA-256 %s; want %d bytes, SHA-256 %s", s.n, s.sum, size, want)
+	}
+	if growth > maxHeapGrowth {
+		t.Errorf("heap grew by %d MiB during a 1 GiB upload, want under %d MiB: the body is buffered", growth>>20, maxHeapGrowth>>20)
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "200"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, size)
+}
+
+// TestForwardLargeDownload streams a 256 MiB sanitized file from Core and checks that
+// it reaches the client intact, with Core's Content-Length, on a flat heap.
+func TestForwardLargeDownload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("256 MiB download: skipped with -short")
+	}
+	const size = 256 << 20
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/file/converted/d41d8cd98f00b204" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		_, _ = io.Copy(w, fwdStream(size))
+	})
+	base, reg := newTestProxy(t, upstream, nil)
+	client := fwdClient(t)
+	want, _, _ := fwdHash(fwdStream(size))
+
+	start := time.Now()
+	stop := fwdHeapWatch()
+	resp, err := client.Get(base + "/file/converted/d41d8cd98f00b204")
+	if err != nil {
+		stop()
+		t.Fatalf("GET /file/converted/{id}: %v", err)
+	}
+	sum, n, err := fwdHash(resp.Body)
+	resp.Body.Close()
+	growth := stop()
+	t.Logf("256 MiB download through the proxy: %v, heap growth %.1f MiB", time.Since(start).Round(time.Millisecond), float64(growth)/(1<<20))
+	if err != nil {
+		t.Fatalf("reading download after %d bytes: %v", n, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /file/converted/{id} = %d, want 200", resp.StatusCode)
+	}
+	if resp.ContentLength != size || len(resp.TransferEncoding) != 0 {
+		t.Errorf("client saw ContentLength %d, TransferEncoding %q; want %d, none", resp.ContentLength, resp.TransferEncoding, size)
+	}
+	if n != size || sum != want {
+		t.Errorf("client received %d bytes, SHA-256 %s; want %d bytes, SHA-256 %s", n, sum, size, want)
+	}
+	if growth > maxHeapGrowth {
+		t.Errorf("heap grew by %d MiB during a 256 MiB download, want under %d MiB: the body is buffered", growth>>20, maxHeapGrowth>>20)
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "sanitized_download", "code": "200"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_response_body_bytes_total", map[string]string{"route": "sanitized_download"}, size)
+}
+
+// fwdUnknownLength hides the length of its reader, so that net/http's client sends it
+// chunked.
+type fwdUnknownLength struct{ io.Reader }
+
+// TestForwardChunkedUploadRefused checks that POST /file without Content-Length gets
+// Core's 411 from the proxy itself, before a byte of its body goes anywhere: Core does
+// not accept chunked uploads (core-api/README.md).
+func TestForwardChunkedUploadRefused(t *testing.T) {
+	var calls atomic.Int32
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"data_id":"x"}`)
+	})
+	base, reg := newTestProxy(t, upstream, nil)
+	client := fwdClient(t)
+
+	t.Run("chunked", func(t *testing.T) {
+		var read atomic.Int64
+		body := fwdUnknownLength{io.TeeReader(fwdStream(4096), fwdCountWriter{&read})}
+		req, err := http.NewRequest(http.MethodPost, base+"/file", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = -1
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("POST /file chunked: %v", err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusLengthRequired {
+			t.Fatalf("POST /file chunked = %d %q, want 411", resp.StatusCode, b)
+		}
+		fwdCoreError(t, resp, b)
+	})
+
+	// The raw variants write the request head only: the body never follows, since the
+	// client waits for 100 Continue, which must not come.
+	for _, tc := range []struct{ name, head string }{
+		{"chunked with Expect 100-continue", "POST /file HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n"},
+		{"no length header with Expect 100-continue", "POST /file HTTP/1.1\r\nExpect: 100-continue\r\n"},
+		{"no length header", "POST /file HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := rawRequest(t, base, tc.head)
+			if resp.StatusCode != http.StatusLengthRequired {
+				t.Fatalf("%q = %d %q, want 411 (and no 100 Continue before it)", tc.head, resp.StatusCode, body)
+			}
+			fwdCoreError(t, resp, []byte(body))
+		})
+	}
+
+	if n := calls.Load(); n != 0 {
+		t.Errorf("upstream called %d times, want 0: a refused upload must not be forwarded", n)
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "411"}, 4)
+	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, 0)
+}
+
+type fwdCountWriter struct{ n *atomic.Int64 }
+
+func (w fwdCountWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// fwdClosedAddr returns the URL of a loopback port where nothing listens any more.
+func fwdClosedAddr(t testing.TB) *url.URL {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &url.URL{Scheme: "http", Host: addr}
+}
+
+// TestForwardUpstreamDown checks that a request to a Core that refuses connections gets
+// 502 with a Core-style body, counted as a refused upstream error.
+func TestForwardUpstreamDown(t *testing.T) {
+	down := fwdClosedAddr(t)
+	base, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) { o.Upstream = down })
+	client := fwdClient(t)
+
+	for _, tc := range []struct {
+		route, method, path string
+		body                string
+	}{
+		{"file_result", http.MethodGet, "/file/61dffeaa728844adbf49eb090e4ece0e", ""},
+		{"submit", http.MethodPost, "/file", strings.Repeat("x", 100_000)},
+	} {
+		t.Run(tc.route, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, base+tc.path, strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("%s %s with Core down = %d %q, want 502", tc.method, tc.path, resp.StatusCode, b)
+			}
+			fwdCoreError(t, resp, b)
+			fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": "502"}, 1)
+			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route, "kind": "refused"}, 1)
+			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route}, 1)
+		})
+	}
+}
+
+// TestForwardUpstreamSilent checks that a Core that accepts a request and never answers
+// its headers gets the client a 504 once the transport's ResponseHeaderTimeout is over,
+// counted as a timeout, and that the proxy hangs up on Core (its handler sees its
+// context end).
+func TestForwardUpstreamSilent(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	abandoned := make(chan struct{}, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			abandoned <- struct{}{}
+		case <-release:
+		}
+	})
+	base, reg := newTestProxy(t, upstream, func(o *Options) {
+		o.Transport = fwdUpstreamTransport(t, TransportOptions{ResponseHeaderTimeout: 300 * time.Millisecond})
+		o.UpstreamTimeout = 300 * time.Millisecond
+	})
+	t.Cleanup(func() { close(release) }) // runs before the upstream server's Close
+	client := fwdClient(t)
+
+	resp, err := client.Get(base + "/file/61dffeaa728844adbf49eb090e4ece0e")
+	if err != nil {
+		t.Fatalf("GET /file/{id}: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("GET /file/{id} with Core silent = %d %q, want 504", resp.StatusCode, b)
+	}
+	fwdCoreError(t, resp, b)
+	select {
+	case <-entered:
+	case <-time.After(fwdWait):
+		t.Fatal("upstream never received the request")
+	}
+	select {
+	case <-abandoned:
+	case <-time.After(fwdWait):
+		t.Error("upstream request context not cancelled after the 504: the proxy kept the connection to Core")
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "504"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "timeout"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
+}
+
+// TestForwardSlowUploadNotTimedOut checks that ResponseHeaderTimeout does not cut an
+// upload that takes longer than it to send: it counts from the end of the body.
+func TestForwardSlowUploadNotTimedOut(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	got := make(chan string, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sum, _, err := fwdHash(r.Body)
+		if err != nil {
+			sum = err.Error()
+		}
+		got <- sum
+		_, _ = io.WriteString(w, `{"data_id":"slow"}`)
+	})
+	base, _ := newTestProxy(t, upstream, func(o *Options) {
+		o.Transport = fwdUpstreamTransport(t, TransportOptions{ResponseHeaderTimeout: timeout})
+	})
+	client := fwdClient(t)
+
+	const size = 1 << 20
+	want, _, _ := fwdHash(fwdStream(size))
+	pr, pw := io.Pipe()
+	go func() {
+		src := fwdStream(size)
+		if _, err := io.CopyN(pw, src, size/2); err != nil {
+			pw.CloseWithError(err)
+			return
+		}
+		<-time.After(3 * timeout) // the second half comes well after the timeout
+		_, err := io.Copy(pw, src)
+		pw.CloseWithError(err)
+	}()
+	req, err := http.NewRequest(http.MethodPost, base+"/file", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST /file (slow): %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("slow POST /file = %d %q, want 200: the upload was timed out", resp.StatusCode, b)
+	}
+	if sum := <-got; sum != want {
+		t.Errorf("upstream body SHA-256 = %s, want %s", sum, want)
+	}
+}
+
+// TestForwardCoreErrorsPassThrough checks that Core's own error answers reach the
+// client unchanged: status, body and headers (Retry-After on its 503).
+func TestForwardCoreErrorsPassThrough(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, path, route string
+		status                    int
+		header                    map[string]string
+		body                      string
+	}{
+		{"busy", http.MethodPost, "/file", "submit", http.StatusServiceUnavailable,
+			map[string]string{"Retry-After": "17", "Content-Type": "application/json; charset=utf-8", "X-Core-Node": "node-2"},
+			`{"err":"Server is too busy. Try again later."}`},
+		{"busy without Retry-After", http.MethodPost, "/file", "submit", http.StatusServiceUnavailable,
+			map[string]string{"Content-Type": "application/json"},
+			`{"err":"Server is too busy. Try again later."}`},
+		{"not found", http.MethodGet, "/file/0123456789abcdef", "file_result", http.StatusNotFound,
+			map[string]string{"Content-Type": "application/json"},
+			`{"0123456789abcdef":"Not Found"}`},
+		{"empty file", http.MethodPost, "/file", "submit", http.StatusUnprocessableEntity,
+			map[string]string{"Content-Type": "application/json"},
+			`{"err":"File is empty."}`},
+		{"length required", http.MethodPost, "/file", "submit", http.StatusLengthRequired,
+			map[string]string{"Content-Type": "text/plain"},
+			"Length Required\n"},
+		{"denied", http.MethodGet, "/file/converted/abc", "sanitized_download", http.StatusMethodNotAllowed,
+			map[string]string{"Content-Type": "application/json"},
+			`{"err":"Access denied"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				for k, v := range tc.header {
+					w.Header().Set(k, v)
+				}
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			base, reg := newTestProxy(t, upstream, nil)
+			client := fwdClient(t)
+			var body io.Reader
+			if tc.method == http.MethodPost {
+				body = strings.NewReader("file content")
+			}
+			req, err := http.NewRequest(tc.method, base+tc.path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status || string(b) != tc.body {
+				t.Errorf("%s %s = %d %q, want Core's %d %q", tc.method, tc.path, resp.StatusCode, b, tc.status, tc.body)
+			}
+			for k, v := range tc.header {
+				if got := resp.Header.Values(k); len(got) != 1 || got[0] != v {
+					t.Errorf("header %s = %q, want [%q]", k, got, v)
+				}
+			}
+			if _, ok := tc.header["Retry-After"]; !ok && resp.Header.Get("Retry-After") != "" {
+				t.Errorf("Retry-After = %q, want none: Core sent none", resp.Header.Get("Retry-After"))
+			}
+			if got := resp.Header.Get("Content-Length"); got != fmt.Sprint(len(tc.body)) {
+				t.Errorf("Content-Length = %q, want %d", got, len(tc.body))
+			}
+			fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": fmt.Sprint(tc.status)}, 1)
+			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", nil, 0)
+			fwdCheckMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": tc.route, "decision": "allowed"}, 1)
+		})
+	}
+}
+
+// fwdNoLeak registers, first, a cleanup that fails t if a goroutine started during the
+// test outlives it. Registered before the servers, it runs after they are closed.
+func fwdNoLeak(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+// TestForwardClientGoneWhileWaiting checks a poll whose client goes away while Core
+// has not answered: the proxy cancels its request to Core, counts 499 and a canceled
+// upstream error (not a 502), and leaves no goroutine behind.
+func TestForwardClientGoneWhileWaiting(t *testing.T) {
+	fwdNoLeak(t)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	canceled := make(chan struct{}, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			canceled <- struct{}{}
+		case <-release:
+		}
+	})
+	base, reg := newTestProxy(t, upstream, nil)
+	t.Cleanup(func() { close(release) })
+	client := fwdClient(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/file/61dffeaa728844adbf49eb090e4ece0e", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("got %s, want no response", resp.Status)
+		}
+		errc <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(fwdWait):
+		t.Fatal("the poll never reached the upstream")
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("client Do after cancel = %v, want context.Canceled", err)
+	}
+	select {
+	case <-canceled:
+	case <-time.After(fwdWait):
+		t.Fatal("upstream request context not cancelled after the client went away")
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "499"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "canceled"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "file_result"}, 0)
+}
+
+// TestForwardClientGoneMidUpload checks an upload whose client sends half of its
+// declared Content-Length and hangs up: Core sees its body end early, the proxy counts
+// 499 and a canceled upstream error, and leaves no goroutine behind.
+func TestForwardClientGoneMidUpload(t *testing.T) {
+	fwdNoLeak(t)
+	const declared, sent = 1 << 20, 1 << 19
+	type seen struct {
+		n   int64
+		err error
+	}
+	got := make(chan seen, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		got <- seen{n, err}
+		if err == nil {
+			_, _ = io.WriteString(w, `{"data_id":"complete"}`)
+		}
+	})
+	base, reg := newTestProxy(t, upstream, nil)
+	u, _ := url.Parse(base)
+
+	conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(fwdWait))
+	head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", u.Host, declared)
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(conn, fwdStream(sent)); err != nil {
+		t.Fatalf("sending half the body: %v", err)
+	}
+	if err := conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	select {
+	case s := <-got:
+		if s.err == nil || s.n >= declared {
+			t.Errorf("upstream read %d bytes, error %v; want fewer than %d and an error", s.n, s.err, declared)
+		}
+	case <-time.After(fwdWait):
+		t.Fatal("upstream never saw the end of the broken upload")
+	}
+	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "499"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit", "kind": "canceled"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit"}, 1)
+	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, sent)
+	fwdCheckMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "submit"}, 0)
+}
+
+// TestForwardHeaders checks that hop-by-hop headers stop at the proxy both ways
+// (RFC 9110, section 7.6.1: the fixed list and any header the Connection header names),
+// that Core's own request headers pass unchanged, and that X-Forwarded-For names the
+// client the proxy saw, whatever the client claimed.
+func TestForwardHeaders(t *testing.T) {
+	endToEnd := map[string]string{
+		"apikey":      "0a1b2c3d4e5f",
+		"filename":    "report 2024 (final).pdf",
+		"filepath":    "C:/shares/in/report.pdf",
+		"rule":        "multiscan,sanitize",
+		"workflow":    "File process",
+		"callbackurl": "http://10.0.0.7:8080/hook?id=1&x=y",
+		"metadata":    `{"source": "mail-gw", "tags": ["a", "b"]}`,
+		"archivepwd":  "p%40ss%20word",
+		"batch":       "b0c1d2",
+		"user_agent":  "icap/4.0",
+		"X-Custom":    "kept",
+	}
+	hopByHop := []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Upgrade", "Proxy-Authorization", "X-Foo", "X-Bar"}
+
+	got := make(chan http.Header, 1)
+	gotBody := make(chan string, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		b, _ := io.ReadAll(r.Body)
+		gotBody <- string(b)
+		h := w.Header()
+		h.Set("Connection", "X-Hop")
+		h.Set("X-Hop", "must not reach the client")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("X-End", "reaches the client")
+		_, _ = io.WriteString(w, `{"data_id":"h"}`)
+	})
+	base, _ := newTestProxy(t, upstream, nil)
+	client := fwdClient(t)
+
+	const payload = "file content"
+	req, err := http.NewRequest(http.MethodPost, base+"/file", strings.NewReader(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range endToEnd {
+		req.Header[k] = []string{v} // as sent by clients: lower case, not canonicalized
+	}
+	req.Header.Set("Connection", "X-Foo, X-Bar")
+	req.Header.Set("X-Foo", "secret")
+	req.Header.Set("X-Bar", "secret too")
+	req.Header.Set("Keep-Alive", "timeout=5, max=100")
+	req.Header.Set("Proxy-Connection", "keep-alive")
+	req.Header.Set("TE", "gzip")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Proxy-Authorization", "Basic dXNlcjpwYXNz")
+	req.Header.Set("X-Forwarded-For", "203.0.113.9")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST /file: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /file = %d %q, want 200", resp.StatusCode, b)
+	}
+
+	h := <-got
+	for _, k := range hopByHop {
+		if v, ok := h[http.CanonicalHeaderKey(k)]; ok {
+			t.Errorf("upstream received hop-by-hop header %s: %q", k, v)
+		}
+	}
+	for k, v := range endToEnd {
+		if got := h.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("upstream header %s = %q, want [%q]", k, got, v)
+		}
+	}
+	if got := h.Values("X-Forwarded-For"); len(got) != 1 || got[0] != "127.0.0.1" {
+		t.Errorf("upstream X-Forwarded-For = %q, want [\"127.0.0.1\"] (the peer; the client's own value dropped)", got)
+	}
+	if got := h.Get("X-Forwarded-Proto"); got != "http" {
+		t.Errorf("upstream X-Forwarded-Proto = %q, want http", got)
+	}
+	if got, want := h.Get("X-Forwarded-Host"), strings.TrimPrefix(base, "http://"); got != want {
+		t.Errorf("upstream X-Forwarded-Host = %q, want %q", got, want)
+	}
+	if got := h.Get("Content-Length"); got != fmt.Sprint(len(payload)) {
+		t.Errorf("upstream Content-Length = %q, want %d", got, len(payload))
+	}
+	if body := <-gotBody; body != payload {
+		t.Errorf("upstream body = %q, want %q", body, payload)
+	}
+
+	for _, k := range []string{"X-Hop", "Keep-Alive"} {
+		if v, ok := resp.Header[k]; ok {
+			t.Errorf("client received hop-by-hop response header %s: %q", k, v)
+		}
+	}
+	if v := resp.Header.Get("Connection"); strings.Contains(strings.ToLower(v), "x-hop") {
+		t.Errorf("client received Connection: %q, want Core's hop-by-hop list dropped", v)
+	}
+	if got := resp.Header.Get("X-End"); got != "reaches the client" {
+		t.Errorf("client X-End = %q, want Core's value", got)
+	}
+}
+
+// TestForwardQueryString checks that the query string reaches Core as the client wrote
+// it: order, repeats, empty values and escapes untouched.
+func TestForwardQueryString(t *testing.T) {
+	got := make(chan string, 1)
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r.URL.RawQuery
+		_, _ = io.WriteString(w, "{}")
+	})
+	base, _ := newTestProxy(t, upstream, nil)
+	client := fwdClient(t)
+
+	for _, tc := range []struct{ method, path, query string }{
+		{http.MethodGet, "/file/abc123", "a=1&b=2"},
+		{http.MethodGet, "/file/batch/b1", "first=50&size=50"},
+		{http.MethodGet, "/file/abc123", "z=1&a=2&z=3&empty=&flag"},
+		{http.MethodGet, "/hash/d41d8cd98f00b204e9800998ecf8427e", "x=%2F%20y&plus=a+b&utf=%E2%9C%93&Upper=%2f"},
+		{http.MethodPost, "/file", "callback=http%3A%2F%2Fh%2Fp%3Fq%3D1"},
+		{http.MethodGet, "/version", ""},
+	} {
+		t.Run(tc.path+"?"+tc.query, func(t *testing.T) {
+			target := base + tc.path
+			if tc.query != "" {
+				target += "?" + tc.query
+			}
+			var body io.Reader
+			if tc.method == http.MethodPost {
+				body = bytes.NewReader([]byte("data"))
+			}
+			req, err := http.NewRequest(tc.method, target, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.method, target, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s %s = %d, want 200", tc.method, target, resp.StatusCode)
+			}
+			select {
+			case q := <-got:
+				if q != tc.query {
+					t.Errorf("upstream query = %q, want %q", q, tc.query)
+				}
+			case <-time.After(fwdWait):
+				t.Fatal("upstream not reached")
+			}
+		})
+	}
+}
+
+// TestForwardTrustedChain checks that a trusted peer's X-Forwarded-For chain reaches
+// Core extended with the peer, while an untrusted peer's chain is replaced by the peer.
+func TestForwardTrustedChain(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		trusted []netip.Prefix
+		want    string
+	}{
+		{"untrusted peer", nil, "127.0.0.1"},
+		{"trusted peer", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "203.0.113.9, 127.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan string, 1)
+			up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got <- strings.Join(r.Header.Values("X-Forwarded-For"), ",")
+			})
+			front, _ := newTestProxy(t, up, func(o *Options) { o.TrustedProxies = tc.trusted })
+			req, _ := http.NewRequest(http.MethodGet, front+"/version", nil)
+			req.Header.Set("X-Forwarded-For", "203.0.113.9")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("GET /version: %v", err)
+			}
+			resp.Body.Close()
+			if g := <-got; g != tc.want {
+				t.Errorf("upstream X-Forwarded-For = %q, want %q", g, tc.want)
+			}
+		})
+	}
+}

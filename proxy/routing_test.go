@@ -1,0 +1,331 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// recordingUpstream is an upstream that answers 200 "ok" and records the method and
+// request target (as sent on the wire) of every request it receives.
+type recordingUpstream struct {
+	mu   sync.Mutex
+	seen []string // "METHOD request-target"
+}
+
+func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen = append(u.seen, r.Method+" "+r.RequestURI)
+	u.mu.Unlock()
+	_, _ = io.WriteString(w, "ok")
+}
+
+func (u *recordingUpstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+func (u *recordingUpstream) count() int { return len(u.requests()) }
+
+// patternParam matches a chi URL parameter of a pattern, e.g. {data_id}.
+var patternParam = regexp.MustCompile(`\{[^}]+\}`)
+
+// samplePath turns a route pattern into a path it matches.
+func samplePath(pattern string) string {
+	p := patternParam.ReplaceAllString(pattern, "abc123")
+	return strings.ReplaceAll(p, "*", "sub/x")
+}
+
+// do sends method to url with header through client (nil: http.DefaultClient) and
+// returns the response, its body read and closed.
+func do(t testing.TB, client *http.Client, method, url string, header http.Header) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatalf("NewRequest(%q, %q): %v", method, url, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, url, err)
+	}
+	return resp, string(b)
+}
+
+// TestRouteTable checks that every pattern of every route of Routes, with its method
+// (GET routes also with HEAD, "*" routes with several methods), reaches the upstream
+// and is counted under the route's name; and that unknown paths and unlisted methods
+// are forwarded and counted under "other".
+func TestRouteTable(t *testing.T) {
+	up := &recordingUpstream{}
+	base, reg := newTestProxy(t, up, nil)
+
+	type call struct{ method, path, route string }
+	var calls []call
+	for _, rt := range Routes {
+		for _, pattern := range rt.Patterns {
+			path := samplePath(pattern)
+			switch rt.Method {
+			case "*":
+				for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodHead} {
+					calls = append(calls, call{m, path, rt.Name})
+				}
+				calls = append(calls, call{http.MethodGet, pattern, rt.Name}) // "/admin" itself
+			case http.MethodGet:
+				calls = append(calls, call{http.MethodGet, path, rt.Name}, call{http.MethodHead, path, rt.Name})
+			default:
+				calls = append(calls, call{rt.Method, path, rt.Name})
+			}
+		}
+	}
+	calls = append(calls,
+		call{http.MethodGet, "/", RouteOther},
+		call{http.MethodGet, "/nope", RouteOther},
+		call{http.MethodGet, "/file/abc/def/ghi", RouteOther},
+		call{http.MethodGet, "/hash", RouteOther},
+		call{http.MethodGet, "/stat/other", RouteOther},
+		call{http.MethodDelete, "/file/abc123", RouteOther},
+		call{http.MethodPut, "/version", RouteOther},
+		call{http.MethodPost, "/hash/abc123", RouteOther},
+		call{http.MethodGet, "/file/abc123/cancel", RouteOther},
+		call{http.MethodPost, "/readyz", RouteOther},
+		call{"PROPFIND", "/file/abc123", RouteOther},
+	)
+
+	for _, c := range calls {
+		t.Run(c.method+" "+c.path, func(t *testing.T) {
+			method := c.method
+			label := metrics.Method(method)
+			before := up.count()
+			reqs := metricValue(t, reg, "mdproxy_requests_total", map[string]string{"route": c.route, "method": label, "code": "200"})
+			allowed := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": c.route, "decision": "allowed"})
+
+			resp, _ := do(t, nil, method, base+c.path, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s %s: status = %d, want 200", method, c.path, resp.StatusCode)
+			}
+			seen := up.requests()
+			if len(seen) != before+1 {
+				t.Fatalf("%s %s: upstream got %d requests, want 1", method, c.path, len(seen)-before)
+			}
+			if want := method + " " + c.path; seen[len(seen)-1] != want {
+				t.Errorf("upstream got %q, want %q", seen[len(seen)-1], want)
+			}
+			waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": c.route, "method": label, "code": "200"}, reqs+1)
+			waitMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": c.route, "decision": "allowed"}, allowed+1)
+		})
+	}
+
+	// Every route name was used, and no request was counted under another name.
+	waitMetric(t, reg, "mdproxy_requests_total", nil, float64(len(calls)))
+	waitMetric(t, reg, "mdproxy_limiter_decisions_total", nil, float64(len(calls)))
+}
+
+// TestRouteTableCoversNames checks RouteNames: every route of Routes once, then other.
+func TestRouteTableCoversNames(t *testing.T) {
+	names := RouteNames()
+	if len(names) != len(Routes)+1 || names[len(names)-1] != RouteOther {
+		t.Fatalf("RouteNames() = %v, want the %d names of Routes then %q", names, len(Routes), RouteOther)
+	}
+	seen := map[string]bool{}
+	for i, rt := range Routes {
+		if names[i] != rt.Name {
+			t.Errorf("RouteNames()[%d] = %q, want %q", i, names[i], rt.Name)
+		}
+		if seen[rt.Name] {
+			t.Errorf("route name %q appears twice in Routes", rt.Name)
+		}
+		seen[rt.Name] = true
+		if !regexp.MustCompile(`^[a-z][a-z0-9_]*$`).MatchString(rt.Name) {
+			t.Errorf("route name %q is not snake_case", rt.Name)
+		}
+	}
+}
+
+// pathVariants are spellings of /file/x that Core resolves to the same data_id: each
+// must land in file_result's bucket.
+var pathVariants = []string{
+	"//file/x", "/file//x", "/file/./x", "/file/x/", "/FILE/X", "/File/x",
+	"/file/%78", "/file/batch/../x", "/file/x/.", "/file/%2e/x", "/./file/x",
+	"/file/x/..//x", "/%66ile/x",
+}
+
+// TestPathVariantsShareBucket checks that no spelling of /file/x escapes file_result's
+// bucket: with burst 1 and a negligible rate, after one /file/x is allowed every variant
+// is rejected with 503 and counted as a file_result rejection, and none reaches Core.
+func TestPathVariantsShareBucket(t *testing.T) {
+	up := &recordingUpstream{}
+	set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
+
+	if resp, _ := do(t, nil, http.MethodGet, base+"/file/x", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /file/x: status = %d, want 200", resp.StatusCode)
+	}
+	for _, v := range pathVariants {
+		resp, body := rawRequest(t, base, "GET "+v+" HTTP/1.1\r\n")
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("GET %s after /file/x took the only token: status = %d, want 503 (body %q)", v, resp.StatusCode, body)
+		}
+		if !strings.Contains(body, "file_result") {
+			t.Errorf("GET %s: body = %q, want it to name route file_result", v, body)
+		}
+	}
+	if got := up.requests(); len(got) != 1 {
+		t.Errorf("upstream got %v, want only the first GET /file/x", got)
+	}
+	if got := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "rejected"}); int(got) != len(pathVariants) {
+		t.Errorf("limiter_decisions_total{route=file_result,decision=rejected} = %v, want %d", got, len(pathVariants))
+	}
+	if got := metricValue(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "503"}); int(got) != len(pathVariants) {
+		t.Errorf("requests_total{route=file_result,code=503} = %v, want %d", got, len(pathVariants))
+	}
+	if got := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": RouteOther}); got != 0 {
+		t.Errorf("limiter_decisions_total{route=other} = %v, want 0: a variant escaped file_result", got)
+	}
+}
+
+// TestAmbiguousPathsRefused checks that paths whose route depends on how the server
+// decodes them (encoded slash or backslash, a backslash, a NUL) are refused with 400 and
+// a Core-style JSON body, counted under other, and never reach Core.
+func TestAmbiguousPathsRefused(t *testing.T) {
+	up := &recordingUpstream{}
+	base, reg := newTestProxy(t, up, nil)
+	paths := []string{
+		"/file/x%2Fy", "/file/x%2fy", "/file/x%5Cy", "/file/x%5cy", `/file\x`,
+		"/file/x%00y", "/%2Ffile/x", "/file%2Fx", "/admin%2F..%2Ffile/x",
+	}
+	for _, p := range paths {
+		t.Run(p, func(t *testing.T) {
+			resp, body := rawRequest(t, base, "GET "+p+" HTTP/1.1\r\n")
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("GET %s: status = %d, want 400 (body %q)", p, resp.StatusCode, body)
+			}
+			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+				t.Errorf("GET %s: Content-Type = %q, want application/json", p, ct)
+			}
+			var e map[string]string
+			if err := json.Unmarshal([]byte(body), &e); err != nil || e["err"] == "" || len(e) != 1 {
+				t.Errorf("GET %s: body = %q, want {\"err\": \"...\"}", p, body)
+			}
+		})
+	}
+	if got := up.requests(); len(got) != 0 {
+		t.Errorf("upstream got %v, want nothing", got)
+	}
+	if got := metricValue(t, reg, "mdproxy_requests_total", map[string]string{"route": RouteOther, "method": "GET", "code": "400"}); int(got) != len(paths) {
+		t.Errorf("requests_total{route=other,method=GET,code=400} = %v, want %d", got, len(paths))
+	}
+}
+
+// TestPathForwardedAsSpelled checks that the path reaching Core keeps the client's
+// spelling and encoding (and the query), though the route is chosen by the canonical
+// path.
+func TestPathForwardedAsSpelled(t *testing.T) {
+	up := &recordingUpstream{}
+	base, reg := newTestProxy(t, up, nil)
+	targets := []string{
+		"/file/%78", "//file/x", "/file//x", "/FILE/X", "/file/./x", "/file/x/",
+		"/file/batch/../x", "/file/x?verbose=1&a=%2F", "/hash/ABCDEF%30",
+		"/file/%E2%82%AC", "/file/a%20b",
+	}
+	for _, target := range targets {
+		resp, body := rawRequest(t, base, "GET "+target+" HTTP/1.1\r\n")
+		if resp.StatusCode != http.StatusOK || body != "ok" {
+			t.Errorf("GET %s: status %d body %q, want 200 ok", target, resp.StatusCode, body)
+		}
+	}
+	got := up.requests()
+	if len(got) != len(targets) {
+		t.Fatalf("upstream got %d requests %v, want %d", len(got), got, len(targets))
+	}
+	for i, target := range targets {
+		if want := "GET " + target; got[i] != want {
+			t.Errorf("upstream got %q, want %q", got[i], want)
+		}
+	}
+	// All but the hash look-up are file_result.
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "200"}, float64(len(targets)-1))
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "hash_lookup", "code": "200"}, 1)
+}
+
+// TestCanonicalPath checks CanonicalPath directly.
+func TestCanonicalPath(t *testing.T) {
+	tests := []struct {
+		raw    string
+		want   string
+		wantOK bool
+	}{
+		{"/file/x", "/file/x", true},
+		{"//file/x", "/file/x", true},
+		{"/FILE/X", "/file/x", true},
+		{"/file/%78", "/file/x", true},
+		{"/file/x/", "/file/x", true},
+		{"/file/batch/../x", "/file/x", true},
+		{"/../../file/x", "/file/x", true},
+		{"", "/", true},
+		{"/file/x%2Fy", "", false},
+		{"/file/x%2fy", "", false},
+		{"/file/x%5Cy", "", false},
+		{"/file/x%00", "", false},
+	}
+	for _, tt := range tests {
+		req, err := http.NewRequest(http.MethodGet, "http://h"+tt.raw, nil)
+		if err != nil {
+			t.Fatalf("NewRequest(%q): %v", tt.raw, err)
+		}
+		got, ok := CanonicalPath(req.URL)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, %v", tt.raw, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+// TestHeadForwardedAsHead checks that a HEAD on a GET route reaches Core as HEAD and is
+// counted with method HEAD.
+func TestHeadForwardedAsHead(t *testing.T) {
+	var heads atomic.Int32
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			heads.Add(1)
+		}
+		w.Header().Set("Content-Length", "2")
+		if r.Method != http.MethodHead {
+			_, _ = io.WriteString(w, "ok")
+		}
+	})
+	base, reg := newTestProxy(t, up, nil)
+	resp, err := http.Head(base + "/file/abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.ContentLength != 2 {
+		t.Errorf("HEAD /file/abc: status %d, Content-Length %d, want 200, 2", resp.StatusCode, resp.ContentLength)
+	}
+	if heads.Load() != 1 {
+		t.Errorf("upstream got %d HEAD requests, want 1", heads.Load())
+	}
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "method": "HEAD", "code": "200"}, 1)
+}
