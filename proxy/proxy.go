@@ -91,6 +91,10 @@ type route struct {
 	trusted         []netip.Prefix
 	upstreamTimeout time.Duration
 	log             *slog.Logger
+
+	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
+	// clients retry them at once.
+	rejectBody, rejectClientBody []byte
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing
@@ -145,19 +149,21 @@ func New(opts Options) (*Proxy, error) {
 func newRoute(name string, opts Options) *route {
 	m := opts.Metrics
 	rt := &route{
-		name:            name,
-		bucket:          opts.Limits.Bucket(name),
-		requests:        m.Requests,
-		duration:        m.Duration.WithLabelValues(name),
-		upstreamDur:     m.UpstreamDuration.WithLabelValues(name),
-		upstreamErrors:  map[string]prometheus.Counter{},
-		inFlight:        m.InFlight.WithLabelValues(name),
-		requestBytes:    m.RequestBytes.WithLabelValues(name),
-		responseBytes:   m.ResponseBytes.WithLabelValues(name),
-		limitStatus:     opts.LimitStatus,
-		trusted:         opts.TrustedProxies,
-		upstreamTimeout: opts.UpstreamTimeout,
-		log:             opts.Logger.With("route", name),
+		name:             name,
+		bucket:           opts.Limits.Bucket(name),
+		requests:         m.Requests,
+		duration:         m.Duration.WithLabelValues(name),
+		upstreamDur:      m.UpstreamDuration.WithLabelValues(name),
+		upstreamErrors:   map[string]prometheus.Counter{},
+		inFlight:         m.InFlight.WithLabelValues(name),
+		requestBytes:     m.RequestBytes.WithLabelValues(name),
+		responseBytes:    m.ResponseBytes.WithLabelValues(name),
+		limitStatus:      opts.LimitStatus,
+		trusted:          opts.TrustedProxies,
+		upstreamTimeout:  opts.UpstreamTimeout,
+		log:              opts.Logger.With("route", name),
+		rejectBody:       errorBody("Too many requests for route " + name + ". Try again later."),
+		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
 	}
 	for o := limiter.Allowed; o <= limiter.Canceled; o++ {
 		rt.decisions[o] = m.Decisions.WithLabelValues(name, o.String())
@@ -256,12 +262,12 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.decisions[d.Outcome].Inc()
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
-		rec.Header().Set("Retry-After", strconv.Itoa(d.RetryAfterSeconds()))
-		scope := "route " + rt.name
+		rec.Header()["Retry-After"] = []string{strconv.Itoa(d.RetryAfterSeconds())}
+		body := rt.rejectBody
 		if d.Outcome == limiter.RejectedClient {
-			scope = "this client on route " + rt.name
+			body = rt.rejectClientBody
 		}
-		writeError(rec, rt.limitStatus, "Too many requests for "+scope+". Try again later.")
+		writeBody(rec, rt.limitStatus, body)
 		return
 	case limiter.Canceled:
 		rec.status = StatusClientClosedRequest
