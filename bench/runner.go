@@ -1,0 +1,203 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/metrics"
+	"github.com/mdproxy/mdproxy/proxy"
+)
+
+// Scenario is one case of the benchmark.
+type Scenario struct {
+	// Name is the case: No-limit, Rate-N (Core's own limit of N fetches a second),
+	// Proxy-N (mdproxy limiting file_result to N a second in front of an unlimited
+	// Core) or Webhook (callbacks, no fetching).
+	Name       string
+	CoreLimit  float64 // requests per virtual second; 0 = off
+	ProxyLimit float64 // requests per virtual second; 0 = no mdproxy
+	Webhook    bool
+}
+
+// ParseScenario reads a case name.
+func ParseScenario(name string) (Scenario, error) {
+	s := Scenario{Name: name}
+	switch {
+	case name == "No-limit":
+	case name == "Webhook":
+		s.Webhook = true
+	case strings.HasPrefix(name, "Rate-"), strings.HasPrefix(name, "Proxy-"):
+		kind, n, _ := strings.Cut(name, "-")
+		v, err := strconv.ParseFloat(n, 64)
+		if err != nil || !(v > 0) {
+			return s, fmt.Errorf("scenario %q: want a limit above 0 after %s-", name, kind)
+		}
+		if kind == "Rate" {
+			s.CoreLimit = v
+		} else {
+			s.ProxyLimit = v
+		}
+	default:
+		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N or Webhook", name)
+	}
+	return s, nil
+}
+
+// AllScenarios are the published benchmark's six cases and the four Proxy-N cases.
+var AllScenarios = []string{"No-limit", "Rate-50", "Rate-20", "Rate-10", "Rate-1",
+	"Proxy-50", "Proxy-20", "Proxy-10", "Proxy-1", "Webhook"}
+
+// Env is where a scenario runs: either an emulator (and mdproxy) that the runner starts
+// on free loopback ports for each scenario, or an existing Core.
+type Env struct {
+	// CoreURL, when set, is a real Core: no emulator is started; Rate-N cases then
+	// require Core's own limit to be set to N by hand beforehand.
+	CoreURL string
+	// Sim is the emulator's configuration (Speedup included) when CoreURL is empty.
+	Sim coresim.Config
+}
+
+// started is a scenario's servers.
+type started struct {
+	target   string // where the client sends its requests
+	receiver string // the callback URL (Webhook)
+	recv     *Receiver
+	stop     func()
+}
+
+// Speedup is the virtual time per real second of the scenario's clock.
+func (e Env) Speedup() float64 {
+	if e.CoreURL != "" {
+		return 1
+	}
+	return e.Sim.Speedup
+}
+
+// serve serves h on a free loopback port and returns its URL and a stop function.
+func serve(h http.Handler) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	return "http://" + l.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		srv.Close()
+		<-done
+	}, nil
+}
+
+// start brings up the servers of sc: a fresh emulator with Core's own limit, mdproxy in
+// front of it (or of CoreURL) for Proxy-N, and a callback receiver for Webhook. All
+// limits given per virtual second are multiplied by the speed-up.
+func (e Env) start(sc Scenario) (*started, error) {
+	var stops []func()
+	st := &started{stop: func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}}
+	fail := func(err error) (*started, error) { st.stop(); return nil, err }
+	k := e.Speedup()
+
+	core := e.CoreURL
+	if core == "" {
+		cfg := e.Sim
+		cfg.FetchLimit = sc.CoreLimit
+		cfg.FetchBurst = 0
+		sim, err := coresim.New(cfg, prometheus.NewRegistry())
+		if err != nil {
+			return fail(fmt.Errorf("emulator: %w", err))
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sim.Run(ctx, true)
+		}()
+		stops = append(stops, func() { cancel(); wg.Wait() })
+		u, stop, err := serve(sim.Handler())
+		if err != nil {
+			return fail(err)
+		}
+		stops = append(stops, stop)
+		core = u
+	}
+	st.target = core
+	if sc.ProxyLimit > 0 {
+		up, err := url.Parse(core)
+		if err != nil {
+			return fail(fmt.Errorf("core URL %q: %w", core, err))
+		}
+		set, err := limiter.NewSet(map[string]limiter.Limit{
+			"file_result": {Rate: sc.ProxyLimit * k, Burst: max(1, int(math.Ceil(sc.ProxyLimit)))},
+		}, nil)
+		if err != nil {
+			return fail(err)
+		}
+		tr := proxy.NewTransport(proxy.TransportOptions{})
+		p, err := proxy.New(proxy.Options{Upstream: up, Transport: tr, Limits: set,
+			Metrics: metrics.New(prometheus.NewRegistry())})
+		if err != nil {
+			return fail(err)
+		}
+		u, stop, err := serve(p)
+		if err != nil {
+			return fail(err)
+		}
+		stops = append(stops, stop, tr.CloseIdleConnections)
+		st.target = u
+	}
+	if sc.Webhook {
+		st.recv = &Receiver{}
+		u, stop, err := serve(st.recv)
+		if err != nil {
+			return fail(err)
+		}
+		stops = append(stops, stop)
+		st.receiver = u + "/callback"
+	}
+	return st, nil
+}
+
+// RunScenario runs w in scenario sc on env and summarizes it.
+func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []DataFile) (Figures, error) {
+	st, err := env.start(sc)
+	if err != nil {
+		return Figures{}, err
+	}
+	defer st.stop()
+	w.Speedup = env.Speedup()
+	if sc.Webhook {
+		if env.CoreURL != "" && w.CallbackURL == "" {
+			return Figures{}, errors.New("the Webhook case against a real Core needs a callback URL Core can reach (--callback-url)")
+		}
+		w.CallbackURL, w.Callbacks = st.receiver, st.recv
+	}
+	out, err := w.Run(ctx, st.target, files)
+	if err != nil {
+		return Figures{}, fmt.Errorf("%s: %w", sc.Name, err)
+	}
+	return Summarize(sc.Name, out, !sc.Webhook), nil
+}
