@@ -5,7 +5,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/mdproxy ./cmd/mdproxy
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath \
+      -ldflags="-s -w -X github.com/mdproxy/mdproxy/metrics.Version=${VERSION}" \
+      -o /out/mdproxy ./cmd/mdproxy
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/mdproxy /mdproxy

@@ -41,7 +41,7 @@ func Method(m string) string {
 const (
 	KindRefused  = "refused"  // connection refused: nothing listens upstream
 	KindReset    = "reset"    // connection reset or closed before a full response
-	KindTimeout  = "timeout"  // no response headers within the upstream timeout, or dial timeout
+	KindTimeout  = "timeout"  // no response headers within the upstream timeout (504), or connect timeout (502)
 	KindCanceled = "canceled" // the client went away first (answered 499)
 	KindOther    = "other"    // any other transport error (DNS, TLS...)
 )
@@ -147,15 +147,24 @@ func New(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// buildVersion reads the main module's version and VCS revision from the binary.
+// Version, when set at link time (-ldflags "-X
+// github.com/mdproxy/mdproxy/metrics.Version=v1.2.3"), is the version label of
+// mdproxy_build_info; otherwise the main module's version from the binary's build
+// information ("(devel)" for a build from a work tree).
+var Version string
+
+// buildVersion reads the version and VCS revision of the binary.
 func buildVersion() (version, revision string) {
 	version, revision = "unknown", "unknown"
 	info, ok := debug.ReadBuildInfo()
+	if ok && info.Main.Version != "" {
+		version = info.Main.Version
+	}
+	if Version != "" {
+		version = Version
+	}
 	if !ok {
 		return
-	}
-	if v := info.Main.Version; v != "" {
-		version = v
 	}
 	for _, s := range info.Settings {
 		if s.Key == "vcs.revision" {

@@ -10,14 +10,18 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -898,4 +902,69 @@ func TestForwardTrustedChain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestForwardConnectTimeout checks that a connection to Core that times out answers 502
+// (Core could not be reached), not 504, which is kept for a Core that does not answer.
+func TestForwardConnectTimeout(t *testing.T) {
+	dialTimeout := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	}}
+	front, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) { o.Transport = dialTimeout })
+	resp, err := http.Get(front + "/file/x")
+	if err != nil {
+		t.Fatalf("GET /file/x: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "connect timeout") {
+		t.Errorf("GET /file/x with a connect timeout = %d %s, want 502 naming the connect timeout", resp.StatusCode, body)
+	}
+	waitMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"kind": "timeout"}, 1)
+}
+
+// TestUpstreamErrorLogSampled checks that a flood of upstream errors writes one warn
+// line a second per route, not one per request.
+func TestUpstreamErrorLogSampled(t *testing.T) {
+	var logs syncBuffer
+	down := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}}
+	front, _ := newTestProxy(t, http.NotFoundHandler(), func(o *Options) {
+		o.Transport = down
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	start := time.Now()
+	for range 50 {
+		resp, err := http.Get(front + "/file/x")
+		if err != nil {
+			t.Fatalf("GET /file/x: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("GET /file/x with Core down = %d, want 502", resp.StatusCode)
+		}
+	}
+	lines := strings.Count(logs.String(), `"msg":"upstream error"`)
+	if max := 1 + int(time.Since(start)/time.Second); lines < 1 || lines > max {
+		t.Errorf("%d upstream error log lines for 50 errors in %v, want 1 to %d", lines, time.Since(start), max)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

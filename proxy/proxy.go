@@ -95,6 +95,9 @@ type route struct {
 	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
 	// clients retry them at once.
 	rejectBody, rejectClientBody []byte
+
+	// lastLog (unix nanoseconds) and unlogged sample upstream error logs.
+	lastLog, unlogged atomic.Int64
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing
@@ -319,13 +322,37 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 			rec.status = StatusClientClosedRequest
 		}
 	case metrics.KindTimeout:
-		writeError(w, http.StatusGatewayTimeout,
-			fmt.Sprintf("Core did not answer within %v.", rt.upstreamTimeout))
-		rt.log.Debug("upstream timeout", "err", err)
+		if isDial(err) {
+			writeError(w, http.StatusBadGateway, "Core could not be reached: connect timeout.")
+		} else {
+			writeError(w, http.StatusGatewayTimeout,
+				fmt.Sprintf("Core did not answer within %v.", rt.upstreamTimeout))
+		}
+		rt.logUpstream(kind, err)
 	default:
 		writeError(w, http.StatusBadGateway, "Core could not be reached: "+kind+".")
-		rt.log.Debug("upstream error", "kind", kind, "err", err)
+		rt.logUpstream(kind, err)
 	}
+}
+
+// logUpstream logs an upstream error at warn level, at most once a second per route,
+// with the number of errors it stands for: Core being down must show in the logs
+// without a line per request.
+func (rt *route) logUpstream(kind string, err error) {
+	n := rt.unlogged.Add(1)
+	now := time.Now().UnixNano()
+	last := rt.lastLog.Load()
+	if now-last < int64(time.Second) || !rt.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	rt.unlogged.Add(-n)
+	rt.log.Warn("upstream error", "kind", kind, "err", err.Error(), "errors", n)
+}
+
+// isDial reports whether err happened while connecting to Core.
+func isDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // classify names the kind of a round trip error.

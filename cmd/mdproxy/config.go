@@ -3,8 +3,12 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"net/url"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -108,12 +112,12 @@ func (c *Config) validate(environ map[string]string) error {
 		return bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")
 	}
 	c.upstream = u
-	if c.ListenAddr == "" {
-		return bad("LISTEN_ADDR", "want a host:port to listen on, e.g. :8009")
+	if !validListenAddr(c.ListenAddr) {
+		return bad("LISTEN_ADDR", "want a host:port to listen on, port 0 to 65535, e.g. :8009")
 	}
 	// Port 0 gives each listener a free port of its own: the same address twice is fine.
-	if c.AdminAddr == "" || (c.AdminAddr == c.ListenAddr && !strings.HasSuffix(c.AdminAddr, ":0")) {
-		return bad("ADMIN_ADDR", "want a host:port to listen on, not the proxy's, e.g. :9009")
+	if !validListenAddr(c.AdminAddr) || (c.AdminAddr == c.ListenAddr && !strings.HasSuffix(c.AdminAddr, ":0")) {
+		return bad("ADMIN_ADDR", "want a host:port to listen on, port 0 to 65535, not the proxy's, e.g. :9009")
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {
 		return bad("LIMIT_STATUS", "want 503 or 429")
@@ -149,4 +153,39 @@ func (c *Config) validate(environ map[string]string) error {
 		return bad("LOG_LEVEL", "want debug, info, warn or error")
 	}
 	return nil
+}
+
+// validListenAddr reports whether a is host:port with a numeric port of 0 to 65535.
+func validListenAddr(a string) bool {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
+}
+
+// unknownVariables returns the MDPROXY_* variables of environ that mdproxy does not
+// read, sorted: most likely misspelt limits, which would otherwise leave a route
+// unprotected without a word.
+func unknownVariables(environ map[string]string) []string {
+	known := map[string]bool{}
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[Config]()) {
+		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" && name != "-" {
+			known[envPrefix+name] = true
+		}
+	}
+	for _, route := range proxy.RouteNames() {
+		for _, f := range reflect.VisibleFields(reflect.TypeFor[limiter.Limit]()) {
+			known[limiter.VarName(envPrefix, route, f.Tag.Get("env"))] = true
+		}
+	}
+	var unknown []string
+	for k := range environ {
+		if strings.HasPrefix(k, envPrefix) && !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }

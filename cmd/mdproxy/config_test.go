@@ -316,3 +316,25 @@ func TestLoadConfigPortZero(t *testing.T) {
 		t.Errorf("loadConfig(%v) = ListenAddr %q, AdminAddr %q; want both 127.0.0.1:0", env, c.ListenAddr, c.AdminAddr)
 	}
 }
+
+func TestUnknownVariables(t *testing.T) {
+	environ := map[string]string{
+		"MDPROXY_FILE_RESUTL_RATE": "5", "MDPROXY_FOO": "x", "MDPROXY_FILE_RESULT_RATE": "5",
+		"MDPROXY_LISTEN_ADDR": ":1", "MDPROXY_OTHER_CLIENT_WINDOW": "1s", "HOME": "/root",
+	}
+	got := unknownVariables(environ)
+	want := []string{"MDPROXY_FILE_RESUTL_RATE", "MDPROXY_FOO"}
+	if !slices.Equal(got, want) {
+		t.Errorf("unknownVariables(%v) = %v, want %v", environ, got, want)
+	}
+}
+
+func TestListenAddressValidated(t *testing.T) {
+	for _, v := range []string{"nope", ":99999", "127.0.0.1", ":-1", "host:port"} {
+		_, err := loadConfig(map[string]string{"MDPROXY_LISTEN_ADDR": v})
+		var ce *configError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "MDPROXY_LISTEN_ADDR") {
+			t.Errorf("loadConfig(MDPROXY_LISTEN_ADDR=%q) = %v, want a configError naming it", v, err)
+		}
+	}
+}

@@ -101,10 +101,14 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus)
 	for _, name := range proxy.RouteNames() {
-		if l := cfg.Limits[name]; !l.Unlimited() {
+		if b := limits.Bucket(name); b != nil {
+			l := b.Limit()
 			log.Info("route limited", "route", name, "rate_per_s", l.Rate, "burst", l.Burst,
 				"max_wait", l.MaxWait.String(), "client_limit", l.ClientLimit)
 		}
+	}
+	if unknown := unknownVariables(environ); len(unknown) > 0 {
+		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}
 	if started != nil {
 		started(pl.Addr(), al.Addr())
