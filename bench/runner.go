@@ -68,6 +68,9 @@ type Env struct {
 	CoreURL string
 	// Sim is the emulator's configuration (Speedup included) when CoreURL is empty.
 	Sim coresim.Config
+	// CallbackAddr is where the Webhook receiver listens (host:port); it must be
+	// reachable by Core. Empty: a free loopback port.
+	CallbackAddr string
 }
 
 // started is a scenario's servers.
@@ -86,9 +89,14 @@ func (e Env) Speedup() float64 {
 	return e.Sim.Speedup
 }
 
-// serve serves h on a free loopback port and returns its URL and a stop function.
-func serve(h http.Handler) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// serve serves h on addr (empty: a free loopback port) and returns its URL and a stop
+// function.
+func serve(h http.Handler, addr ...string) (string, func(), error) {
+	a := "127.0.0.1:0"
+	if len(addr) > 0 && addr[0] != "" {
+		a = addr[0]
+	}
+	l, err := net.Listen("tcp", a)
 	if err != nil {
 		return "", nil, err
 	}
@@ -124,7 +132,6 @@ func (e Env) start(sc Scenario) (*started, error) {
 	if core == "" {
 		cfg := e.Sim
 		cfg.FetchLimit = sc.CoreLimit
-		cfg.FetchBurst = 0
 		sim, err := coresim.New(cfg, prometheus.NewRegistry())
 		if err != nil {
 			return fail(fmt.Errorf("emulator: %w", err))
@@ -171,7 +178,7 @@ func (e Env) start(sc Scenario) (*started, error) {
 	}
 	if sc.Webhook {
 		st.recv = &Receiver{}
-		u, stop, err := serve(st.recv)
+		u, stop, err := serve(st.recv, e.CallbackAddr)
 		if err != nil {
 			return fail(err)
 		}
@@ -190,8 +197,8 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 	defer st.stop()
 	w.Speedup = env.Speedup()
 	if sc.Webhook {
-		if env.CoreURL != "" && w.CallbackURL == "" {
-			return Figures{}, errors.New("the Webhook case against a real Core needs a callback URL Core can reach (--callback-url)")
+		if env.CoreURL != "" && env.CallbackAddr == "" {
+			return Figures{}, errors.New("the Webhook case against a real Core needs a receiver address Core can reach (--callback-addr)")
 		}
 		w.CallbackURL, w.Callbacks = st.receiver, st.recv
 	}

@@ -116,7 +116,9 @@ func (a *api) logout(w http.ResponseWriter, r *http.Request) {
 // in the scan queue (503), a non-empty body (422). The body is inspected while read.
 func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	s := a.s
-	if r.ContentLength < 0 {
+	// Without Content-Length: chunked (-1), or no framing at all, which net/http reads
+	// as an empty body (0) with no Content-Length header.
+	if r.ContentLength < 0 || (r.ContentLength == 0 && r.Header.Get("Content-Length") == "") {
 		writeErr(w, http.StatusLengthRequired, "Missing Content-Length header.")
 		return
 	}
@@ -176,6 +178,17 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		uploaded:    s.model.Now(),
 	}
 	s.mu.Lock()
+	// Check the queue again and enqueue under s.mu (lock order s.mu, then the model's):
+	// concurrent submissions all passed the first check while their uploads were read.
+	// The job is set before the scan is visible to hash look-ups and batch status,
+	// which read sc.job.
+	if s.model.QueueLen() >= s.cfg.QueueSize {
+		s.mu.Unlock()
+		s.m.submissions.WithLabelValues("busy").Inc()
+		writeErr(w, http.StatusServiceUnavailable, "Server is too busy. Try again later.")
+		return
+	}
+	sc.job = s.model.Enqueue(s.scanCost(in), sc)
 	s.scans[sc.id] = sc
 	for _, h := range []string{in.File.MD5, in.File.SHA1, in.File.SHA256} {
 		s.byHash[h] = sc
@@ -185,14 +198,19 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		b.files = append(b.files, sc)
 	}
 	s.mu.Unlock()
-	sc.job = s.model.Enqueue(s.scanCost(in), sc)
 	s.m.submissions.WithLabelValues("accepted").Inc()
 	writeJSON(w, http.StatusOK, map[string]string{"data_id": sc.id})
 }
 
-// fetchGate applies Core's own rate limit; on overflow it spends RejectCost of core
-// time and answers 503. It reports whether the request may go on.
+// fetchGate holds a fetch for RequestLatency (virtual), then applies Core's own rate
+// limit; on overflow it spends RejectCost of core time and answers 503. It reports
+// whether the request may go on.
 func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) bool {
+	select {
+	case <-a.s.model.After(a.s.cfg.RequestLatency):
+	case <-r.Context().Done():
+		return false
+	}
 	if a.s.allowFetch() {
 		return true
 	}

@@ -42,22 +42,32 @@ type Config struct {
 	// engines, on top of ScanCostObject.
 	ScanCostMiB time.Duration `env:"SCAN_COST_MIB" envDefault:"600ms"`
 	// PollCostBase is the virtual core time of answering any result poll.
-	PollCostBase time.Duration `env:"POLL_COST_BASE" envDefault:"2ms"`
+	PollCostBase time.Duration `env:"POLL_COST_BASE" envDefault:"50ms"`
 	// PollCostEntry is the virtual core time per entry of a result (objects × engines)
 	// on top of PollCostBase: a large result costs more to build and send.
-	PollCostEntry time.Duration `env:"POLL_COST_ENTRY" envDefault:"130us"`
+	PollCostEntry time.Duration `env:"POLL_COST_ENTRY" envDefault:"15us"`
 	// BatchCostFile is the virtual core time per file listed in a batch status page,
 	// on top of PollCostBase.
 	BatchCostFile time.Duration `env:"BATCH_COST_FILE" envDefault:"2ms"`
 	// RejectCost is the virtual core time of refusing a request over FetchLimit.
 	RejectCost time.Duration `env:"REJECT_COST" envDefault:"400us"`
 
+	// APIWorkers is the number of cores that answering requests may use at once (Core's
+	// web server threads); the rest always scan. Default 3: with unlimited polling the
+	// published benchmark's Core answered 51 polls a second, about 3 cores' worth.
+	APIWorkers int `env:"API_WORKERS" envDefault:"3"`
+	// RequestLatency is the virtual time every result poll, hash look-up and batch
+	// status spends outside the cores (network, TLS, Core's nginx) before it is served
+	// or refused. Default 75ms.
+	RequestLatency time.Duration `env:"REQUEST_LATENCY" envDefault:"75ms"`
+
 	// FetchLimit is Core's own request rate limit (5.13+) on result polls, hash
 	// look-ups and batch status, in requests per virtual second; 0 = off (Core's
 	// default). Over it Core answers 503 {"err": ...}.
 	FetchLimit float64 `env:"FETCH_LIMIT" envDefault:"0"`
-	// FetchBurst is the burst of FetchLimit, in requests. 0 = ceil(FetchLimit).
-	FetchBurst int `env:"FETCH_BURST" envDefault:"0"`
+	// FetchBurst is the burst of FetchLimit, in requests. Default 1: Core's limit is
+	// served by its embedded nginx, whose limit_req allows no burst unless configured.
+	FetchBurst int `env:"FETCH_BURST" envDefault:"1"`
 
 	// CallbackRetries is how many times a failed callback is retried. Default 3.
 	CallbackRetries int `env:"CALLBACK_RETRIES" envDefault:"3"`
@@ -89,6 +99,13 @@ func LoadConfig(environ map[string]string) (Config, error) {
 	if err := envconf.Parse(&c, EnvPrefix, environ); err != nil {
 		return c, err
 	}
+	// env gives a variable set but empty its envDefault: an empty CORESIM_ADMIN_ADDR
+	// means no admin listener, an empty CORESIM_LISTEN_ADDR is a mistake.
+	for name, p := range map[string]*string{"LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr} {
+		if v, set := environ[EnvPrefix+name]; set && v == "" {
+			*p = ""
+		}
+	}
 	return c, c.Validate(environ)
 }
 
@@ -106,14 +123,22 @@ func (c *Config) Validate(environ map[string]string) error {
 		return bad("SPEEDUP", "want a number of virtual seconds per real second above 0")
 	case c.Tick <= 0:
 		return bad("TICK", "want a duration above 0")
+	case c.APIWorkers < 1:
+		return bad("API_WORKERS", "want a whole number of cores >= 1")
+	case c.RequestLatency < 0:
+		return bad("REQUEST_LATENCY", "want a duration >= 0")
 	case c.QueueSize < 1:
 		return bad("QUEUE_SIZE", "want a whole number of files >= 1")
 	case c.ReadyQueue < 0:
 		return bad("READY_QUEUE", "want a whole number of files >= 0")
 	case len(c.Engines) == 0:
 		return bad("ENGINES", "want a comma-separated list of engine names")
-	case c.ScanCostObject < 0 || c.ScanCostMiB < 0 || c.ScanCostObject+c.ScanCostMiB == 0:
-		return bad("SCAN_COST_OBJECT", "want durations >= 0, not both SCAN_COST_OBJECT and SCAN_COST_MIB zero")
+	case c.ScanCostObject < 0:
+		return bad("SCAN_COST_OBJECT", "want a duration >= 0")
+	case c.ScanCostMiB < 0:
+		return bad("SCAN_COST_MIB", "want a duration >= 0")
+	case c.ScanCostObject+c.ScanCostMiB == 0:
+		return bad("SCAN_COST_OBJECT", "want a duration above 0 when CORESIM_SCAN_COST_MIB is 0")
 	case c.PollCostBase < 0:
 		return bad("POLL_COST_BASE", "want a duration >= 0")
 	case c.PollCostEntry < 0:
@@ -124,8 +149,8 @@ func (c *Config) Validate(environ map[string]string) error {
 		return bad("REJECT_COST", "want a duration >= 0")
 	case c.FetchLimit < 0:
 		return bad("FETCH_LIMIT", "want a number of requests per second >= 0")
-	case c.FetchBurst < 0:
-		return bad("FETCH_BURST", "want a whole number >= 0")
+	case c.FetchBurst < 1:
+		return bad("FETCH_BURST", "want a whole number of requests >= 1")
 	case c.CallbackRetries < 0:
 		return bad("CALLBACK_RETRIES", "want a whole number >= 0")
 	case c.CallbackDelay < 0:

@@ -1,6 +1,7 @@
 package coresim
 
 import (
+	"container/heap"
 	"container/list"
 	"sync"
 	"time"
@@ -30,7 +31,8 @@ func (w Work) String() string {
 // served in two classes:
 //
 //   - foreground (answering a poll, a batch status, a rejection): first, in arrival
-//     order, as a web server thread pre-empts nothing but never waits behind a scan;
+//     order, but on at most W cores (SetAPIWorkers; V by default), as Core's web
+//     server answers with a bounded pool of worker threads;
 //   - scanning: what the foreground leaves, shared equally by the files being scanned,
 //     at most one core each (a file's objects are scanned one after another), with up to
 //     V files in progress; the rest wait in the scan queue, first in first out.
@@ -42,9 +44,11 @@ func (w Work) String() string {
 // A Model advances only when told (Advance); Run drives it from the real clock at the
 // configured speed-up. All methods are safe for concurrent use.
 type Model struct {
-	mu    sync.Mutex
-	cores float64
-	vnow  time.Duration // virtual time since the model started
+	mu      sync.Mutex
+	cores   float64
+	fgCores float64       // cores the foreground may use, 1..cores
+	vnow    time.Duration // virtual time since the model started
+	timers  timerHeap     // After's channels, by due time
 
 	fg      list.List // of *charge, in arrival order
 	running []*job
@@ -77,7 +81,50 @@ type job struct {
 // NewModel returns a model of cores virtual cores (cores > 0). onDone, if not nil, is
 // called once for each job that completes, outside the model's lock.
 func NewModel(cores int, onDone func(*job)) *Model {
-	return &Model{cores: float64(cores), onDone: onDone}
+	return &Model{cores: float64(cores), fgCores: float64(cores), onDone: onDone}
+}
+
+// SetAPIWorkers bounds the cores that foreground work may use at once to w (clamped to
+// 1..V): Core's web server answers requests with a pool of worker threads, so polls
+// queue for a worker rather than taking every core from the scans.
+func (m *Model) SetAPIWorkers(w int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fgCores = min(m.cores, max(1, float64(w)))
+}
+
+// After returns a channel closed once virtual time d has passed (at the end of the
+// first Advance that reaches it). It holds no core: it models waiting, e.g. on the
+// network. d <= 0 returns a closed channel.
+func (m *Model) After(d time.Duration) <-chan struct{} {
+	c := make(chan struct{})
+	if d <= 0 {
+		close(c)
+		return c
+	}
+	m.mu.Lock()
+	heap.Push(&m.timers, timer{due: m.vnow + d, c: c})
+	m.mu.Unlock()
+	return c
+}
+
+// timer is one pending After.
+type timer struct {
+	due time.Duration
+	c   chan struct{}
+}
+
+type timerHeap []timer
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }
 
 // Now returns the virtual time elapsed since the model started.
@@ -193,10 +240,11 @@ func (m *Model) Advance(dv time.Duration) {
 	capacity := m.cores * secs
 	used := 0.0
 
-	// Foreground first, in arrival order.
-	for capacity-used > 0 && m.fg.Len() > 0 {
+	// Foreground first, in arrival order, on at most fgCores cores.
+	fgCapacity := m.fgCores * secs
+	for fgCapacity-used > 0 && m.fg.Len() > 0 {
 		c := m.fg.Front().Value.(*charge)
-		pay := min(c.left, capacity-used)
+		pay := min(c.left, fgCapacity-used)
 		c.left -= pay
 		used += pay
 		m.spent[c.work] += pay
@@ -234,6 +282,9 @@ func (m *Model) Advance(dv time.Duration) {
 	}
 	m.busy = used / secs
 	m.vnow += dv
+	for m.timers.Len() > 0 && m.timers[0].due <= m.vnow {
+		close(heap.Pop(&m.timers).(timer).c)
+	}
 	done := m.done
 	m.done = nil
 	m.mu.Unlock()

@@ -140,7 +140,7 @@ func (s *Sim) analysisResult(sc *scan) (*AnalysisResult, int) {
 	overall := resultInProgress
 	verdict := "Processing"
 	blocked := ""
-	var verdicts []string
+	verdicts := []string{} // the spec's verdicts is an array, never null
 	switch {
 	case canceled:
 		overall, verdict = resultCanceled, "Blocked"
@@ -302,7 +302,7 @@ func (a *api) batchCertificate(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "Not found")
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-yaml")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8") // YAML, as the spec's text/plain
 	fmt.Fprintf(w, "batch_id: %s\nis_closed: %t\nresult: %s\nfiles: %d\n",
 		res.BatchID, res.IsClosed, res.ProcessInfo.Result, res.BatchFiles.BatchCount)
 }

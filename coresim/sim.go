@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -76,12 +75,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 		sessions: map[string]bool{},
 	}
 	s.model = NewModel(cfg.Cores, s.scanDone)
+	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
-		burst := cfg.FetchBurst
-		if burst == 0 {
-			burst = max(1, int(math.Ceil(cfg.FetchLimit)))
-		}
-		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), burst)
+		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst)
 	}
 	s.m = newSimMetrics(reg, s)
 	s.cb = newCallbacks(s)

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/mdproxy/mdproxy/internal/envconf"
+)
+
+// TestMain fails the package when a test leaves a goroutine behind: a server, the
+// emulator's loop or a callback worker that run did not stop.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// safety bounds every wait of these tests in real time.
+const safety = 10 * time.Second
+
+// started is what run reports once it listens.
+type started struct{ api, admin net.Addr }
+
+// startRun runs run with environ until the test ends, and returns the addresses it
+// listens on and a function that stops it and returns its error.
+func startRun(t *testing.T, environ map[string]string) (addrs started, stop func() (logs string, err error)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logbuf bytes.Buffer
+	up := make(chan started, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, environ, &logbuf, func(api, admin net.Addr) { up <- started{api, admin} })
+	}()
+	var stopped bool
+	var runErr error
+	stop = func() (string, error) {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(safety):
+				t.Fatalf("run did not return %v after its context ended", safety)
+			}
+		}
+		return logbuf.String(), runErr
+	}
+	t.Cleanup(func() { stop() })
+	select {
+	case addrs = <-up:
+	case err := <-done:
+		stopped = true
+		cancel()
+		t.Fatalf("run(%v) = %v before listening, want it to serve", environ, err)
+	case <-time.After(safety):
+		t.Fatalf("run(%v) did not listen within %v", environ, safety)
+	}
+	return addrs, stop
+}
+
+// newClient returns a client of its own, whose connections are closed when the test
+// ends.
+func newClient(t *testing.T) *http.Client {
+	t.Helper()
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: safety}
+}
+
+func call(t *testing.T, c *http.Client, method, url string, body []byte) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, url, err)
+	}
+	return resp.StatusCode, b
+}
+
+// TestRun serves the emulator at a speed-up of 100: a submission is scanned and its
+// result polled to completion in real time, the admin listener exports the emulator's
+// metrics, and cancelling the context stops everything.
+func TestRun(t *testing.T) {
+	addrs, stop := startRun(t, map[string]string{
+		"CORESIM_LISTEN_ADDR": "127.0.0.1:0",
+		"CORESIM_ADMIN_ADDR":  "127.0.0.1:0",
+		"CORESIM_SPEEDUP":     "100",
+	})
+	if addrs.admin == nil {
+		t.Fatalf("run reported no admin address with CORESIM_ADMIN_ADDR=127.0.0.1:0")
+	}
+	c := newClient(t)
+	api := "http://" + addrs.api.String()
+
+	code, body := call(t, c, http.MethodPost, api+"/file", []byte("a small file"))
+	var sub struct {
+		DataID string `json:"data_id"`
+	}
+	if err := json.Unmarshal(body, &sub); code != http.StatusOK || err != nil || len(sub.DataID) != 32 {
+		t.Fatalf("POST /file = %d %s, want 200 and a data_id of 32 hex digits", code, body)
+	}
+
+	// 90 ms of core time is 0.9 ms of real time at ×100; each poll waits for a tick of
+	// the model (5 ms), so a few polls see the scan complete.
+	const maxPolls = 200
+	var res struct {
+		DataID      string `json:"data_id"`
+		ProcessInfo struct {
+			ProgressPercent int    `json:"progress_percentage"`
+			Result          string `json:"result"`
+		} `json:"process_info"`
+	}
+	polls := 0
+	for polls < maxPolls && res.ProcessInfo.ProgressPercent != 100 {
+		polls++
+		code, body := call(t, c, http.MethodGet, api+"/file/"+sub.DataID, nil)
+		if err := json.Unmarshal(body, &res); code != http.StatusOK || err != nil {
+			t.Fatalf("GET /file/{data_id} = %d %s, want 200 and a result", code, body)
+		}
+	}
+	if res.ProcessInfo.ProgressPercent != 100 || res.DataID != sub.DataID || res.ProcessInfo.Result != "Allowed" {
+		t.Fatalf("GET /file/{data_id} after %d polls: data_id %q, progress %d, result %q, want %q, 100, Allowed",
+			polls, res.DataID, res.ProcessInfo.ProgressPercent, res.ProcessInfo.Result, sub.DataID)
+	}
+
+	code, body = call(t, c, http.MethodGet, "http://"+addrs.admin.String()+"/metrics", nil)
+	if code != http.StatusOK {
+		t.Fatalf("GET admin /metrics = %d, want 200", code)
+	}
+	metrics := string(body)
+	for _, want := range []string{
+		"coresim_files_completed_total 1\n",
+		"coresim_objects_scanned_total 1\n",
+		"coresim_queue_files 0\n",
+		"coresim_scanning_files 0\n",
+		"coresim_speedup 100\n",
+		"coresim_cores 8\n",
+		`coresim_submissions_total{result="accepted"} 1` + "\n",
+		fmt.Sprintf(`coresim_fetches_total{kind="result",result="served"} %d`, polls) + "\n",
+		`coresim_core_seconds_total{work="scan"} `,
+		"go_goroutines ",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("GET admin /metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+
+	logs, err := stop()
+	if err != nil {
+		t.Errorf("run after its context ended = %v, want nil", err)
+	}
+	var rec struct {
+		Msg, Listen string
+		Speedup     float64
+	}
+	line, _, _ := strings.Cut(logs, "\n")
+	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Msg != "coresim serving" || rec.Listen != addrs.api.String() || rec.Speedup != 100 {
+		t.Errorf("run's first log line = %q, want JSON {msg: coresim serving, listen: %s, speedup: 100}", line, addrs.api)
+	}
+	if _, err := net.DialTimeout("tcp", addrs.api.String(), time.Second); err == nil {
+		t.Errorf("the API still accepts connections after run returned")
+	}
+}
+
+// TestRunNoAdmin checks that an empty CORESIM_ADMIN_ADDR serves no admin listener.
+func TestRunNoAdmin(t *testing.T) {
+	addrs, stop := startRun(t, map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": ""})
+	if addrs.admin != nil {
+		t.Errorf("admin address with CORESIM_ADMIN_ADDR empty = %v, want none", addrs.admin)
+	}
+	if code, _ := call(t, newClient(t), http.MethodGet, "http://"+addrs.api.String()+"/version", nil); code != http.StatusOK {
+		t.Errorf("GET /version = %d, want 200", code)
+	}
+	if _, err := stop(); err != nil {
+		t.Errorf("run after its context ended = %v, want nil", err)
+	}
+}
+
+// TestRunBadVariable checks that run refuses a bad setting before listening, with an
+// *envconf.Error naming the variable (main exits 2 on it).
+func TestRunBadVariable(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{"CORESIM_CORES", "0"},
+		{"CORESIM_SPEEDUP", "x"},
+		{"CORESIM_TICK", "5"},
+		{"CORESIM_FETCH_LIMIT", "-1"},
+		{"CORESIM_LISTEN_ADDR", ""},
+	} {
+		environ := map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "127.0.0.1:0", tc.name: tc.value}
+		called := false
+		err := run(context.Background(), environ, io.Discard, func(net.Addr, net.Addr) { called = true })
+		var e *envconf.Error
+		if !errors.As(err, &e) || e.Var != tc.name {
+			t.Errorf("run with %s=%q = %v, want an *envconf.Error naming %s", tc.name, tc.value, err, tc.name)
+		}
+		if called {
+			t.Errorf("run with %s=%q listened, want it to stop before", tc.name, tc.value)
+		}
+	}
+}
+
+// TestRunAddressInUse checks that a listener that cannot be opened is an error naming
+// its variable, not a bad setting.
+func TestRunAddressInUse(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, name := range []string{"CORESIM_LISTEN_ADDR", "CORESIM_ADMIN_ADDR"} {
+		environ := map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "127.0.0.1:0", name: busy.Addr().String()}
+		err := run(context.Background(), environ, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), name) || errors.As(err, new(*envconf.Error)) {
+			t.Errorf("run with %s on a busy address = %v, want an error naming %s, not an *envconf.Error", name, err, name)
+		}
+	}
+}
