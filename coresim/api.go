@@ -203,8 +203,9 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // fetchGate holds a fetch for RequestLatency (virtual), then applies Core's own rate
-// limit; on overflow it spends RejectCost of core time and answers 503. It reports
-// whether the request may go on.
+// limit; on overflow it answers 503 at once, booking RejectCost of core time that no
+// API worker waits for (Core's nginx refuses it). It reports whether the request may
+// go on.
 func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) bool {
 	select {
 	case <-a.s.model.After(a.s.cfg.RequestLatency):
@@ -215,9 +216,8 @@ func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) boo
 		return true
 	}
 	a.s.m.fetches.WithLabelValues(kind, "rejected").Inc()
-	if a.s.wait(r.Context(), WorkReject, a.s.cfg.RejectCost) {
-		writeErr(w, http.StatusServiceUnavailable, "Too many requests. Try again later.")
-	}
+	a.s.model.Spend(WorkReject, coreSeconds(a.s.cfg.RejectCost))
+	writeErr(w, http.StatusServiceUnavailable, "Too many requests. Try again later.")
 	return false
 }
 

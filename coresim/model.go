@@ -55,6 +55,7 @@ type Model struct {
 	queue   list.List // of *job waiting for a core, first in first out
 
 	spent  [numWork]float64 // virtual core-seconds spent, by work
+	debt   [numWork]float64 // core time booked by Spend, paid at the next Advance
 	busy   float64          // cores busy during the last Advance, 0..V
 	onDone func(*job)       // called, without mu, for each job that completes
 	done   []*job           // completed during the current Advance
@@ -153,6 +154,7 @@ func (m *Model) Cancel(j *job) bool {
 		return false
 	}
 	j.canceled = true
+	j.finished = m.vnow
 	if j.elem != nil {
 		m.queue.Remove(j.elem)
 		j.elem = nil
@@ -181,6 +183,18 @@ func (m *Model) Charge(w Work, cost float64) <-chan struct{} {
 	return c.paid
 }
 
+// Spend books cost virtual core-seconds of work w that nobody waits for (a rejection
+// answered by Core's nginx in front of its web server): it is paid at the next Advance,
+// after the foreground and before the scans, on any core.
+func (m *Model) Spend(w Work, cost float64) {
+	if cost <= 0 {
+		return
+	}
+	m.mu.Lock()
+	m.debt[w] += cost
+	m.mu.Unlock()
+}
+
 // Progress returns j's state: the fraction of its work done (0..1), whether it is
 // still queued and how many scans are ahead of it in the queue.
 func (m *Model) Progress(j *job) (done float64, queued bool, ahead int) {
@@ -205,7 +219,7 @@ func (m *Model) Times(j *job) (queue, processing time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	end := m.vnow
-	if j.left <= 0 {
+	if j.left <= 0 || j.canceled {
 		end = j.finished
 	}
 	if j.started < 0 {
@@ -252,6 +266,14 @@ func (m *Model) Advance(dv time.Duration) {
 			m.fg.Remove(m.fg.Front())
 			close(c.paid)
 		}
+	}
+
+	// Then the work booked by Spend, on any core.
+	for w := range m.debt {
+		pay := min(m.debt[w], capacity-used)
+		m.debt[w] -= pay
+		m.spent[w] += pay
+		used += pay
 	}
 
 	// Then the scans: fill the free cores from the queue, share what is left.

@@ -204,7 +204,10 @@ func (s *Sim) analysisResult(sc *scan) (*AnalysisResult, int) {
 	if queued {
 		res.ScanResults.InQueue = &ahead
 	}
-	if len(in.Parts) > 0 {
+	// Core extracts an archive's parts when it starts processing the file: a queued
+	// file's result lists none (and stays small), then every part is listed, scanned or
+	// not yet.
+	if len(in.Parts) > 0 && !queued {
 		ef := &extractedFiles{FilesExtractedCount: len(in.Parts), PageSize: len(in.Parts)}
 		for i, p := range in.Parts {
 			f := extractedFile{

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,10 @@ type Sim struct {
 	done     []*scan // completed, in order, for retention
 
 	fetch *rate.Limiter // Core's own limit, in virtual time; nil when off
+
+	// lastTick is the real time of the last driven Advance (unix nanoseconds; 0 when
+	// the model is advanced by hand), for virtualNow.
+	lastTick atomic.Int64
 
 	m  *simMetrics
 	cb *callbacks
@@ -116,6 +121,7 @@ func (s *Sim) Run(ctx context.Context, drive bool) {
 				dv := time.Duration(float64(now.Sub(last)) * s.cfg.Speedup)
 				last = now
 				s.Advance(dv)
+				s.lastTick.Store(now.UnixNano())
 			}
 		}
 	}
@@ -177,12 +183,24 @@ func (s *Sim) expire(now time.Duration) {
 	}
 }
 
+// virtualNow is the model's time, plus, when the model is driven from the real clock,
+// the virtual time elapsed since its last step (at most one tick's worth): finer than
+// the steps, so that a rate limit of many requests a second sees them apart.
+func (s *Sim) virtualNow() time.Duration {
+	v := s.model.Now()
+	if t := s.lastTick.Load(); t != 0 {
+		since := min(time.Duration(time.Now().UnixNano()-t), s.cfg.Tick)
+		v += time.Duration(float64(max(0, since)) * s.cfg.Speedup)
+	}
+	return v
+}
+
 // allowFetch applies Core's own rate limit to a fetch request, in virtual time.
 func (s *Sim) allowFetch() bool {
 	if s.fetch == nil {
 		return true
 	}
-	return s.fetch.AllowN(s.epoch.Add(s.model.Now()), 1)
+	return s.fetch.AllowN(s.epoch.Add(s.virtualNow()), 1)
 }
 
 // scanCost is the virtual core time of scanning every object of in.
