@@ -465,3 +465,10 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 }
+
+// SeedWorkload is the published benchmark's client: 2000 submissions in turns of 10,
+// 1 s apart; a fetch round every 5 s.
+var SeedWorkload = Workload{
+	Submissions: 2000, TurnSize: 10, TurnInterval: time.Second,
+	FetchInterval: 5 * time.Second, FetchConcurrency: 50,
+}

@@ -282,3 +282,11 @@ func chachaSeed(seed uint64, i int) [32]byte {
 
 // errNoFiles is returned when a workload is asked of an empty data set.
 var errNoFiles = errors.New("data set is empty")
+
+// QuickData is a small data set for --quick runs and CI: 40 files of 20 KB to 1 MB,
+// 100 KB on average, with as many objects per file as the published data set, so that a
+// submission costs Core about as much scanning.
+var QuickData = DataSpec{
+	Files: 40, MinBytes: 20_000, MaxBytes: 1_000_000, MeanSize: 100_000,
+	MeanObjects: 65, Seed: 1,
+}

@@ -68,6 +68,9 @@ type Env struct {
 	CoreURL string
 	// Sim is the emulator's configuration (Speedup included) when CoreURL is empty.
 	Sim coresim.Config
+	// ClientSpeedup is the speed-up of an existing Core at CoreURL: 1 for a real Core,
+	// the emulator's CORESIM_SPEEDUP for one started apart. 0 means 1.
+	ClientSpeedup float64
 	// CallbackAddr is where the Webhook receiver listens (host:port); it must be
 	// reachable by Core. Empty: a free loopback port.
 	CallbackAddr string
@@ -84,7 +87,7 @@ type started struct {
 // Speedup is the virtual time per real second of the scenario's clock.
 func (e Env) Speedup() float64 {
 	if e.CoreURL != "" {
-		return 1
+		return max(1, e.ClientSpeedup)
 	}
 	return e.Sim.Speedup
 }
@@ -157,8 +160,10 @@ func (e Env) start(sc Scenario) (*started, error) {
 		if err != nil {
 			return fail(fmt.Errorf("core URL %q: %w", core, err))
 		}
+		// A burst of one fetch round's worth (clients poll every 5 s): N a second on
+		// average, as Core's own limit of N lets through.
 		set, err := limiter.NewSet(map[string]limiter.Limit{
-			"file_result": {Rate: sc.ProxyLimit * k, Burst: max(1, int(math.Ceil(sc.ProxyLimit)))},
+			"file_result": {Rate: sc.ProxyLimit * k, Burst: max(1, int(math.Ceil(5*sc.ProxyLimit)))},
 		}, nil)
 		if err != nil {
 			return fail(err)

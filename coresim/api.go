@@ -202,21 +202,43 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"data_id": sc.id})
 }
 
-// fetchGate holds a fetch for RequestLatency (virtual), then applies Core's own rate
-// limit; on overflow it answers 503 at once, booking RejectCost of core time that no
-// API worker waits for (Core's nginx refuses it). It reports whether the request may
-// go on.
+// fetchGate holds a fetch for RequestLatency (virtual), then has an API worker receive
+// it (RejectCost of core time) and apply Core's own rate limit; over it, it answers 503.
+// It reports whether the request may go on.
 func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) bool {
+	s := a.s
+	// The network's share varies from request to request (uniform, ±50%): requests
+	// sent together do not all reach Core at the same instant.
+	latency := time.Duration(float64(s.cfg.RequestLatency) * (0.5 + rand.Float64()))
 	select {
-	case <-a.s.model.After(a.s.cfg.RequestLatency):
+	case <-s.model.After(latency):
 	case <-r.Context().Done():
 		return false
 	}
-	if a.s.allowFetch() {
+	// A web server worker receives the request and checks Core's limit at the virtual
+	// instant it does so: requests reach the limiter one after another, as they do in
+	// Core, however many arrived in the same step of the model.
+	work := WorkPoll
+	if kind == "batch_status" {
+		work = WorkBatchStatus
+	}
+	allowed := false
+	admitted := s.model.Admit(coreSeconds(s.cfg.RejectCost), func(at time.Duration) Work {
+		if s.fetch == nil || s.fetch.AllowN(s.epoch.Add(at), 1) {
+			allowed = true
+			return work
+		}
+		return WorkReject
+	})
+	select {
+	case <-admitted:
+	case <-r.Context().Done():
+		return false
+	}
+	if allowed {
 		return true
 	}
-	a.s.m.fetches.WithLabelValues(kind, "rejected").Inc()
-	a.s.model.Spend(WorkReject, coreSeconds(a.s.cfg.RejectCost))
+	s.m.fetches.WithLabelValues(kind, "rejected").Inc()
 	writeErr(w, http.StatusServiceUnavailable, "Too many requests. Try again later.")
 	return false
 }

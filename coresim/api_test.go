@@ -562,7 +562,8 @@ serve:
 	}
 	// Queued, nothing scanned yet: the result reports 1 object × 7 engines.
 	_, _, spent := h.sim.model.Load()
-	want := (cfg.PollCostBase + time.Duration(len(cfg.Engines))*cfg.PollCostEntry).Seconds()
+	// The worker's receiving the request (RejectCost) is part of the poll's cost.
+	want := (cfg.RejectCost + cfg.PollCostBase + time.Duration(len(cfg.Engines))*cfg.PollCostEntry).Seconds()
 	if got := spent[WorkPoll]; math.Abs(got-want) > 1e-9 {
 		t.Errorf("core time of one poll = %.6fs, want %.6fs", got, want)
 	}
@@ -577,7 +578,7 @@ serve:
 	}
 	h.get(t, "/file/batch/"+open.BatchID)
 	_, _, spent = h.sim.model.Load()
-	want = (cfg.PollCostBase + 3*cfg.BatchCostFile).Seconds()
+	want = (cfg.RejectCost + cfg.PollCostBase + 3*cfg.BatchCostFile).Seconds()
 	if got := spent[WorkBatchStatus]; math.Abs(got-want) > 1e-9 {
 		t.Errorf("core time of one batch status of 3 files = %.6fs, want %.6fs", got, want)
 	}

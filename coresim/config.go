@@ -37,7 +37,7 @@ type Config struct {
 	Engines []string `env:"ENGINES" envSeparator:"," envDefault:"AhnLab,Avira,Bitdefender,ESET,K7,Quick Heal,Vir.IT Explorer"`
 
 	// ScanCostObject is the virtual core time to scan one object with all engines.
-	ScanCostObject time.Duration `env:"SCAN_COST_OBJECT" envDefault:"90ms"`
+	ScanCostObject time.Duration `env:"SCAN_COST_OBJECT" envDefault:"83ms"`
 	// ScanCostMiB is the virtual core time to scan one MiB of object data with all
 	// engines, on top of ScanCostObject.
 	ScanCostMiB time.Duration `env:"SCAN_COST_MIB" envDefault:"600ms"`
@@ -58,16 +58,16 @@ type Config struct {
 	APIWorkers int `env:"API_WORKERS" envDefault:"3"`
 	// RequestLatency is the virtual time every result poll, hash look-up and batch
 	// status spends outside the cores (network, TLS, Core's nginx) before it is served
-	// or refused. Default 75ms.
-	RequestLatency time.Duration `env:"REQUEST_LATENCY" envDefault:"75ms"`
+	// or refused. Default 120ms.
+	RequestLatency time.Duration `env:"REQUEST_LATENCY" envDefault:"120ms"`
 
 	// FetchLimit is Core's own request rate limit (5.13+) on result polls, hash
 	// look-ups and batch status, in requests per virtual second; 0 = off (Core's
 	// default). Over it Core answers 503 {"err": ...}.
 	FetchLimit float64 `env:"FETCH_LIMIT" envDefault:"0"`
-	// FetchBurst is the burst of FetchLimit, in requests. Default 1: Core's limit is
-	// served by its embedded nginx, whose limit_req allows no burst unless configured.
-	FetchBurst int `env:"FETCH_BURST" envDefault:"1"`
+	// FetchBurst is the burst of FetchLimit, in requests; 0 means one second's worth,
+	// ceil(FetchLimit). OPSWAT does not document it.
+	FetchBurst int `env:"FETCH_BURST" envDefault:"0"`
 
 	// CallbackRetries is how many times a failed callback is retried. Default 3.
 	CallbackRetries int `env:"CALLBACK_RETRIES" envDefault:"3"`
@@ -149,8 +149,8 @@ func (c *Config) Validate(environ map[string]string) error {
 		return bad("REJECT_COST", "want a duration >= 0")
 	case c.FetchLimit < 0:
 		return bad("FETCH_LIMIT", "want a number of requests per second >= 0")
-	case c.FetchBurst < 1:
-		return bad("FETCH_BURST", "want a whole number of requests >= 1")
+	case c.FetchBurst < 0:
+		return bad("FETCH_BURST", "want a whole number of requests >= 0")
 	case c.CallbackRetries < 0:
 		return bad("CALLBACK_RETRIES", "want a whole number >= 0")
 	case c.CallbackDelay < 0:

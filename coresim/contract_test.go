@@ -390,7 +390,7 @@ func modelWaiting(m *Model) int {
 // no request latency), so that polling leaves the model where it was: for tests that
 // check a state reached by Advance.
 func exactTime(c *Config) {
-	c.PollCostBase, c.PollCostEntry, c.BatchCostFile, c.RequestLatency = 0, 0, 0, 0
+	c.PollCostBase, c.PollCostEntry, c.BatchCostFile, c.RequestLatency, c.RejectCost = 0, 0, 0, 0, 0
 }
 
 // do sends c and returns the answer. While the request waits on the model (core time

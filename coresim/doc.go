@@ -25,25 +25,36 @@
 //
 //	scan of a submission   n × SCAN_COST_OBJECT + MiB × SCAN_COST_MIB, n = 1 + parts
 //	result poll / hash      POLL_COST_BASE + entries × POLL_COST_ENTRY,
-//	                        entries = objects reported × engines
+//	                        entries = objects scanned so far × engines
 //	batch status page       POLL_COST_BASE + files listed × BATCH_COST_FILE
-//	rejection by Core's     REJECT_COST
-//	own rate limit
+//	receiving a fetch and   REJECT_COST (all that a rejection by Core's own rate
+//	checking Core's limit   limit costs)
 //
-// Answers are served first, in arrival order, and a request is answered only once its
-// core time is served; scans share what is left, one core at most per file, up to V files
-// at once, the rest waiting in the scan queue (CORESIM_QUEUE_SIZE, default 4000; beyond
-// it POST /file answers 503 "Server is too busy. Try again later.").
+// Requests are served in arrival order by at most API_WORKERS cores (Core's web server
+// threads), and a request is answered only once its core time is served. A fetch
+// (result poll, batch status) first spends REQUEST_LATENCY, ±50% at random, outside
+// the cores (the network), then a worker receives it and checks Core's own limit at that instant, so
+// that fetches reach the limiter one after another; an accepted fetch then queues again
+// for its answer. Scans share what is left, one core at most per file, up to V files at
+// once, the rest waiting in the scan queue (CORESIM_QUEUE_SIZE, default 4000; beyond it
+// POST /file answers 503 "Server is too busy. Try again later.").
 //
-// The default costs come from the published benchmark of Core 5.13 on 8 vCPU
-// (shared/seed): 2000 submissions of Office files (~65 objects each, 952 KB mean) took
-// 26.9 min without any polling, so one submission costs about 8 × 26.9 × 60 / 2000 =
-// 6.5 core-seconds: 65 × 90 ms + 0.93 MiB × 600 ms. Unlimited polling at 51 accepted
-// fetches a second took 45.2 min, 18.3 min × 8 cores more, about 60 ms of core time per
-// poll of a complete result of 65 objects × 7 engines: 2 ms + 455 × 130 µs. Under
-// Core's own limits of 10 and 1 per second, clients offered 190 and 500 fetches a
-// second, and the durations (28.6 and 27.7 min) leave about 0.4 ms per rejection.
-// These are defaults to calibrate against; mdbench reproduces the table with them.
+// The defaults reproduce the published benchmark of Core 5.13 on 8 vCPU (shared/seed)
+// with mdbench's client (50 connections, a fetch round every 5 s):
+//
+//   - Scanning: 2000 submissions of ~65 objects and 952 KB took 26.9 min without
+//     polling, about 6.5 core-seconds each; 83 ms an object and 600 ms a MiB, with the
+//     time lost at the start and the end of the run, give that duration.
+//   - Unlimited polling: Core answered 51 fetches a second and took 45.2 min. With 3
+//     API workers and ~55 ms a poll, polls take 3 cores at most, at ~52 a second, and
+//     scanning keeps 5: 26.9 × 8 / 5 = 43 min.
+//   - Core's own limit of N a second (a burst of one second's worth): a round of
+//     ~1300 fetches over 50 connections at ~120 ms each lasts a few seconds and lets
+//     a share of N through; the rest are refused at 0.4 ms of core time each, so
+//     Rate-1 stays within a few percent of the time without polling (27.7 against
+//     26.9 min).
+//
+// bench/results holds the table the defaults give.
 //
 // # Time
 //

@@ -55,7 +55,6 @@ type Model struct {
 	queue   list.List // of *job waiting for a core, first in first out
 
 	spent  [numWork]float64 // virtual core-seconds spent, by work
-	debt   [numWork]float64 // core time booked by Spend, paid at the next Advance
 	busy   float64          // cores busy during the last Advance, 0..V
 	onDone func(*job)       // called, without mu, for each job that completes
 	done   []*job           // completed during the current Advance
@@ -66,6 +65,10 @@ type charge struct {
 	left float64 // virtual core-seconds still owed
 	work Work
 	paid chan struct{}
+	// decide, when set, is called (under the model's lock) once the charge is served,
+	// with the virtual instant; it names the work the charge's cost counts as.
+	decide func(at time.Duration) Work
+	total  float64
 }
 
 // job is one file's scan: the work of all its objects.
@@ -183,16 +186,22 @@ func (m *Model) Charge(w Work, cost float64) <-chan struct{} {
 	return c.paid
 }
 
-// Spend books cost virtual core-seconds of work w that nobody waits for (a rejection
-// answered by Core's nginx in front of its web server): it is paid at the next Advance,
-// after the foreground and before the scans, on any core.
-func (m *Model) Spend(w Work, cost float64) {
-	if cost <= 0 {
-		return
-	}
+// Admit books cost virtual core-seconds of foreground work, a request being received
+// and checked by one of Core's web server workers, whose kind is decided when it is
+// served: decide gets the virtual instant at which its core time was served (precise
+// within a step) and returns the Work the cost counts as. decide runs under the
+// model's lock: it must not call the model. The channel is closed after decide ran.
+func (m *Model) Admit(cost float64, decide func(at time.Duration) Work) <-chan struct{} {
+	c := &charge{left: cost, total: max(0, cost), decide: decide, paid: make(chan struct{})}
 	m.mu.Lock()
-	m.debt[w] += cost
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	if cost <= 0 {
+		m.spent[decide(m.vnow)] += 0
+		close(c.paid)
+		return c.paid
+	}
+	m.fg.PushBack(c)
+	return c.paid
 }
 
 // Progress returns j's state: the fraction of its work done (0..1), whether it is
@@ -261,19 +270,18 @@ func (m *Model) Advance(dv time.Duration) {
 		pay := min(c.left, fgCapacity-used)
 		c.left -= pay
 		used += pay
-		m.spent[c.work] += pay
+		if c.decide == nil {
+			m.spent[c.work] += pay
+		}
 		if c.left <= 1e-12 {
 			m.fg.Remove(m.fg.Front())
+			if c.decide != nil {
+				// The instant within the step at which its last core time was served.
+				at := m.vnow + time.Duration(float64(dv)*used/fgCapacity)
+				m.spent[c.decide(at)] += c.total
+			}
 			close(c.paid)
 		}
-	}
-
-	// Then the work booked by Spend, on any core.
-	for w := range m.debt {
-		pay := min(m.debt[w], capacity-used)
-		m.debt[w] -= pay
-		m.spent[w] += pay
-		used += pay
 	}
 
 	// Then the scans: fill the free cores from the queue, share what is left.

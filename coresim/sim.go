@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,10 +29,6 @@ type Sim struct {
 	done     []*scan // completed, in order, for retention
 
 	fetch *rate.Limiter // Core's own limit, in virtual time; nil when off
-
-	// lastTick is the real time of the last driven Advance (unix nanoseconds; 0 when
-	// the model is advanced by hand), for virtualNow.
-	lastTick atomic.Int64
 
 	m  *simMetrics
 	cb *callbacks
@@ -82,7 +78,11 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	s.model = NewModel(cfg.Cores, s.scanDone)
 	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
-		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst)
+		burst := cfg.FetchBurst
+		if burst == 0 {
+			burst = max(1, int(math.Ceil(cfg.FetchLimit)))
+		}
+		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), burst)
 	}
 	s.m = newSimMetrics(reg, s)
 	s.cb = newCallbacks(s)
@@ -121,7 +121,6 @@ func (s *Sim) Run(ctx context.Context, drive bool) {
 				dv := time.Duration(float64(now.Sub(last)) * s.cfg.Speedup)
 				last = now
 				s.Advance(dv)
-				s.lastTick.Store(now.UnixNano())
 			}
 		}
 	}
@@ -181,26 +180,6 @@ func (s *Sim) expire(now time.Duration) {
 	if n > 0 {
 		s.done = append(s.done[:0], s.done[n:]...)
 	}
-}
-
-// virtualNow is the model's time, plus, when the model is driven from the real clock,
-// the virtual time elapsed since its last step (at most one tick's worth): finer than
-// the steps, so that a rate limit of many requests a second sees them apart.
-func (s *Sim) virtualNow() time.Duration {
-	v := s.model.Now()
-	if t := s.lastTick.Load(); t != 0 {
-		since := min(time.Duration(time.Now().UnixNano()-t), s.cfg.Tick)
-		v += time.Duration(float64(max(0, since)) * s.cfg.Speedup)
-	}
-	return v
-}
-
-// allowFetch applies Core's own rate limit to a fetch request, in virtual time.
-func (s *Sim) allowFetch() bool {
-	if s.fetch == nil {
-		return true
-	}
-	return s.fetch.AllowN(s.epoch.Add(s.virtualNow()), 1)
 }
 
 // scanCost is the virtual core time of scanning every object of in.

@@ -61,6 +61,9 @@ type Metrics struct {
 	// UpstreamDuration observes the time from sending a request upstream to receiving
 	// its response headers, by route, in seconds.
 	UpstreamDuration *prometheus.HistogramVec
+	// UpstreamResponses counts Core's answers by route and status code, apart from the
+	// proxy's own (a 503 here is Core's, e.g. its scan queue full).
+	UpstreamResponses *prometheus.CounterVec
 	// UpstreamErrors counts failed upstream round trips by route and kind.
 	UpstreamErrors *prometheus.CounterVec
 	// InFlight is the number of requests being served, by route.
@@ -105,6 +108,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from sending a request to Core to receiving its response headers, by route.",
 			Buckets: durationBuckets,
 		}, []string{"route"}),
+		UpstreamResponses: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "upstream_responses_total",
+			Help: "Answers received from Core, by route and status code (Core's own 503 when its scan queue is full).",
+		}, []string{"route", "code"}),
 		UpstreamErrors: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "upstream_errors_total",
 			Help: "Failed round trips to Core by route and kind (refused, reset, timeout, canceled, other).",

@@ -27,6 +27,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/mdproxy/mdproxy/limiter"
 )
 
 // fwdWait bounds every wait of these tests for something that must happen: generous,
@@ -967,4 +969,35 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestUpstreamResponsesCounted checks that Core's own answers are counted by code apart
+// from the proxy's: Core's 503 (queue full) shows in upstream_responses_total, a
+// rejection by the proxy's bucket does not.
+func TestUpstreamResponsesCounted(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"err":"Server is too busy. Try again later."}`)
+	})
+	front, reg := newTestProxy(t, up, func(o *Options) {
+		set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Limits = set
+	})
+	for _, path := range []string{"/file/a", "/file/b"} { // the second is the proxy's rejection
+		resp, err := http.Get(front + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("GET %s = %d, want 503", path, resp.StatusCode)
+		}
+	}
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "503"}, 2)
+	if got := metricValue(t, reg, "mdproxy_upstream_responses_total", map[string]string{"route": "file_result", "code": "503"}); got != 1 {
+		t.Errorf(`upstream_responses_total{route="file_result",code="503"} = %v, want 1 (Core's, not the proxy's)`, got)
+	}
 }

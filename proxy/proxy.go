@@ -194,7 +194,7 @@ func newRoute(name string, opts Options) *route {
 			}
 			pr.SetXForwarded()
 		},
-		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur},
+		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur, codes: m.UpstreamResponses, route: name},
 		ErrorHandler: rt.upstreamError,
 		BufferPool:   copyBuffers,
 		ErrorLog:     slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
@@ -257,6 +257,15 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.finish(rec, r, start)
 	}()
 
+	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
+	// before a byte of the body is read or a token taken, so that nothing is forwarded.
+	// A POST without any length header has ContentLength 0 in net/http, but the
+	// transport would send "Content-Length: 0" (Core: 422, not 411): refuse it too.
+	if rt.submit && (r.ContentLength < 0 || len(r.Header.Values("Content-Length")) == 0) {
+		writeError(rec, http.StatusLengthRequired, "Missing Content-Length header.")
+		return
+	}
+
 	var client string
 	if rt.perClient {
 		client = ClientKey(r, rt.trusted)
@@ -277,14 +286,6 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
-	// before a byte of the body is read, so that nothing is forwarded. A POST without
-	// any length header has ContentLength 0 in net/http, but the transport would send it
-	// as "Content-Length: 0" (Core: 422, not 411): refuse it too.
-	if rt.submit && (r.ContentLength < 0 || len(r.Header.Values("Content-Length")) == 0) {
-		writeError(rec, http.StatusLengthRequired, "Missing Content-Length header.")
-		return
-	}
 	var body *countingBody
 	if r.Body != nil && r.Body != http.NoBody {
 		body = &countingBody{ReadCloser: r.Body}
@@ -388,10 +389,13 @@ func (b *bufferPool) Put(buf []byte) {
 	}
 }
 
-// timedTransport observes the time to Core's response headers.
+// timedTransport observes the time to Core's response headers and counts Core's
+// answers by status code.
 type timedTransport struct {
 	next    http.RoundTripper
 	observe prometheus.Observer
+	codes   *prometheus.CounterVec
+	route   string
 }
 
 func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -399,6 +403,7 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(r)
 	if err == nil {
 		t.observe.Observe(time.Since(start).Seconds())
+		t.codes.WithLabelValues(t.route, strconv.Itoa(resp.StatusCode)).Inc()
 	}
 	return resp, err
 }

@@ -87,7 +87,11 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	for i, s := range servers {
 		go func() { errc <- s.Serve(listeners[i]) }()
 	}
-	log.Info("coresim serving", "listen", l.Addr().String(), "cores", cfg.Cores,
+	admin := ""
+	if adminAddr != nil {
+		admin = adminAddr.String()
+	}
+	log.Info("coresim serving", "listen", l.Addr().String(), "admin", admin, "cores", cfg.Cores,
 		"speedup", cfg.Speedup, "fetch_limit", cfg.FetchLimit, "queue_size", cfg.QueueSize)
 	if started != nil {
 		started(l.Addr(), adminAddr)

@@ -1,0 +1,199 @@
+// Command mdbench replays the published benchmark of MetaDefender Core's request rate
+// limit (shared/seed/README.md) against an emulated or a real Core, with and without
+// mdproxy, and prints the published table beside its own. See the README.
+//
+// Exit codes: 0 success, 1 a run failed or a --check did not hold, 2 bad flags.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mdproxy/mdproxy/bench"
+	"github.com/mdproxy/mdproxy/coresim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "mdbench:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "mdbench:", err)
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+// options are mdbench's flags.
+type options struct {
+	scenarios    string
+	quick        bool
+	coreURL      string
+	apiKey       string
+	callbackAddr string
+	speedup      float64
+	submissions  int
+	files        int
+	dataDir      string
+	seedCSV      string
+	jsonPath     string
+	chartPath    string
+	check        bool
+	concurrency  int
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cache, _ := os.UserCacheDir()
+	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Webhook")
+	fs.BoolVar(&o.quick, "quick", false, "small data set (200 submissions of 40 files) at a high speed-up: about a minute")
+	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
+	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
+	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver, reachable by a real Core (default: a free loopback port)")
+	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick); with --core-url, that of an emulator started apart (default 1: a real Core)")
+	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
+	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
+	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(cache, "mdbench"), "where the data set is generated and cached")
+	fs.StringVar(&o.seedCSV, "seed-csv", filepath.Join("..", "shared", "seed", "benchmark.csv"), "the published table (built-in copy used when absent)")
+	fs.StringVar(&o.jsonPath, "json", "", "write the figures as JSON to this file")
+	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case to this .png or .svg file")
+	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook and no submission was lost")
+	fs.IntVar(&o.concurrency, "fetch-concurrency", 50, "fetches in flight at most (the client's connection pool)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if o.speedup < 0 || o.submissions < 0 || o.files < 0 || o.concurrency < 1 {
+		return nil, usageError{errors.New("--speedup, --submissions, --files must be >= 0 and --fetch-concurrency >= 1")}
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var scenarios []bench.Scenario
+	for _, name := range strings.Split(o.scenarios, ",") {
+		sc, err := bench.ParseScenario(strings.TrimSpace(name))
+		if err != nil {
+			return usageError{err}
+		}
+		scenarios = append(scenarios, sc)
+	}
+
+	spec := bench.SeedData
+	work := bench.SeedWorkload
+	simCfg := coresim.DefaultConfig()
+	simCfg.Speedup = 16
+	if o.quick {
+		spec = bench.QuickData
+		work.Submissions = 200
+		simCfg.Speedup = 60
+	}
+	if o.files > 0 {
+		spec.Files = o.files
+	}
+	if o.submissions > 0 {
+		work.Submissions = o.submissions
+	}
+	if o.speedup > 0 {
+		simCfg.Speedup = o.speedup
+	}
+	// One model step per 60 ms of virtual time at most, so that latencies of tens of
+	// milliseconds stay visible whatever the speed-up.
+	simCfg.Tick = max(500*time.Microsecond, time.Duration(float64(60*time.Millisecond)/simCfg.Speedup))
+	work.FetchConcurrency = o.concurrency
+	work.APIKey = o.apiKey
+	env := bench.Env{CoreURL: strings.TrimRight(o.coreURL, "/"), Sim: simCfg, CallbackAddr: o.callbackAddr,
+		ClientSpeedup: o.speedup}
+
+	fmt.Fprintf(stderr, "mdbench: data set of %d files under %s\n", spec.Files, o.dataDir)
+	files, err := bench.LoadOrGenerate(o.dataDir, spec)
+	if err != nil {
+		return err
+	}
+	pub := bench.SeedTable()
+	if p, err := bench.LoadPublished(o.seedCSV); err == nil {
+		pub = p
+	}
+
+	tty := isTerminal(stderr)
+	var figs []bench.Figures
+	start := time.Now()
+	for _, sc := range scenarios {
+		w := work
+		if tty {
+			w.Progress = func(sub, done, ferr int) {
+				fmt.Fprintf(stderr, "\r%-9s submitted %4d/%d  completed %4d  fetch errors %7d ", sc.Name, sub, w.Submissions, done, ferr)
+			}
+		} else {
+			fmt.Fprintf(stderr, "mdbench: %s...\n", sc.Name)
+		}
+		f, err := bench.RunScenario(ctx, env, sc, w, files)
+		if tty {
+			fmt.Fprintln(stderr)
+		}
+		if err != nil {
+			return err
+		}
+		figs = append(figs, f)
+	}
+	fmt.Fprintf(stderr, "mdbench: %d cases in %v (speed-up %g)\n", len(figs), time.Since(start).Round(time.Second), env.Speedup())
+	bench.WriteTable(stdout, figs, pub)
+
+	if o.jsonPath != "" {
+		b, _ := json.MarshalIndent(figs, "", "  ")
+		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.chartPath != "" {
+		if err := bench.Chart(o.chartPath, figs, pub); err != nil {
+			return err
+		}
+	}
+	if o.check {
+		if err := bench.CheckQuick(figs, work.Submissions); err != nil {
+			return err
+		}
+		fmt.Fprintln(stderr, "mdbench: checks hold")
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a terminal, for the live progress line.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

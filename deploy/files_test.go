@@ -1,0 +1,265 @@
+package deploy
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// readYAML parses path into v, failing t on error.
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// dashboard is the part of the Grafana dashboard the tests read.
+type dashboard struct {
+	Title      string `json:"title"`
+	UID        string `json:"uid"`
+	Templating struct {
+		List []struct {
+			Name, Type string
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []struct {
+		Title   string `json:"title"`
+		Type    string `json:"type"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func loadDashboard(t *testing.T) dashboard {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("grafana", "dashboards", "mdproxy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	return d
+}
+
+// panelQueries returns every panel query, with the dashboard's variables substituted as
+// Grafana would for "All" routes.
+func panelQueries(d dashboard) map[string]string {
+	out := map[string]string{}
+	r := strings.NewReplacer(`$route`, `.*`, `$__rate_interval`, `1m`)
+	for _, p := range d.Panels {
+		for i, tg := range p.Targets {
+			out[p.Title+" #"+string(rune('A'+i))] = r.Replace(tg.Expr)
+		}
+	}
+	return out
+}
+
+func TestDashboardShape(t *testing.T) {
+	d := loadDashboard(t)
+	if d.UID == "" || d.Title == "" {
+		t.Errorf("dashboard uid %q, title %q: want both", d.UID, d.Title)
+	}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+	}
+	if vars["datasource"] != "datasource" || vars["route"] != "query" {
+		t.Errorf("dashboard variables %v, want a datasource variable and a route query variable", vars)
+	}
+	q := panelQueries(d)
+	if len(q) < 15 {
+		t.Errorf("%d panel queries, want the whole set (decisions, ratio, codes, latency, errors, in-flight, bytes, config, seed figures)", len(q))
+	}
+	for name, expr := range q {
+		if strings.Contains(expr, "$") {
+			t.Errorf("panel %s: variable left after substitution: %s", name, expr)
+		}
+	}
+}
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string `yaml:"name"`
+		Rules []struct {
+			Record      string            `yaml:"record"`
+			Alert       string            `yaml:"alert"`
+			Expr        string            `yaml:"expr"`
+			For         string            `yaml:"for"`
+			Annotations map[string]string `yaml:"annotations"`
+		} `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+// recordingRules returns the names of the recording rules.
+func recordingRules(t *testing.T) []string {
+	var rf ruleFile
+	readYAML(t, filepath.Join("prometheus", "rules", "recording.yml"), &rf)
+	var names []string
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			names = append(names, r.Record)
+		}
+	}
+	return names
+}
+
+func TestAlertsHaveSummaryAndDescription(t *testing.T) {
+	var rf ruleFile
+	readYAML(t, filepath.Join("prometheus", "rules", "alerts.yml"), &rf)
+	var alerts []string
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+			if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+				t.Errorf("alert %s: annotations %v, want a summary and a description", r.Alert, r.Annotations)
+			}
+		}
+	}
+	for _, want := range []string{"MdproxyDown", "MdproxyRejectionRatioHigh", "MdproxyUpstreamErrors", "CoreScanQueueFull", "MdproxyUpstreamLatencyHigh"} {
+		if !slices.Contains(alerts, want) {
+			t.Errorf("no alert %s in alerts.yml", want)
+		}
+	}
+	// Every alert has a unit test that fires it and one that keeps it quiet.
+	b, err := os.ReadFile(filepath.Join("prometheus", "tests", "alerts_test.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range alerts {
+		tests := regexp.MustCompile(`alertname: `+a+`\n\s+exp_alerts:(\s*\[\])?`).FindAllStringSubmatch(string(b), -1)
+		fires, quiet := false, false
+		for _, m := range tests {
+			if m[1] != "" {
+				quiet = true
+			} else {
+				fires = true
+			}
+		}
+		if !fires || !quiet {
+			t.Errorf("alert %s: promtool tests fire it %t, keep it quiet %t; want both", a, fires, quiet)
+		}
+	}
+}
+
+// TestManifestsParse checks the compose file, the Kubernetes manifests and the Grafana
+// provisioning files parse and hold what the README promises.
+func TestManifestsParse(t *testing.T) {
+	var compose struct {
+		Services map[string]struct {
+			Image       string            `yaml:"image"`
+			NetworkMode string            `yaml:"network_mode"`
+			Environment map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	readYAML(t, "compose.yaml", &compose)
+	for _, s := range []string{"core", "mdproxy", "prometheus", "grafana"} {
+		if _, ok := compose.Services[s]; !ok {
+			t.Errorf("compose.yaml: no service %s", s)
+		}
+	}
+	if m := compose.Services["mdproxy"]; m.NetworkMode != "service:core" || m.Environment["MDPROXY_UPSTREAM_URL"] != "http://127.0.0.1:8008" {
+		t.Errorf("compose.yaml: mdproxy network_mode %q, upstream %q; want Core's namespace and 127.0.0.1:8008", m.NetworkMode, m.Environment["MDPROXY_UPSTREAM_URL"])
+	}
+	if img := compose.Services["core"].Image; !strings.Contains(img, "${CORE_IMAGE") {
+		t.Errorf("compose.yaml: core image %q, want it set by CORE_IMAGE", img)
+	}
+
+	kinds := map[string]map[string]any{}
+	files, _ := filepath.Glob(filepath.Join("kubernetes", "*.yaml"))
+	for _, f := range files {
+		var m map[string]any
+		readYAML(t, f, &m)
+		kinds[m["kind"].(string)] = m
+	}
+	for _, k := range []string{"Deployment", "Service", "ConfigMap", "ServiceMonitor"} {
+		if kinds[k] == nil {
+			t.Errorf("kubernetes/: no %s", k)
+		}
+	}
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Name           string `yaml:"name"`
+						ReadinessProbe struct {
+							HTTPGet struct {
+								Path string `yaml:"path"`
+								Port string `yaml:"port"`
+							} `yaml:"httpGet"`
+						} `yaml:"readinessProbe"`
+						LivenessProbe struct {
+							HTTPGet struct {
+								Port string `yaml:"port"`
+							} `yaml:"httpGet"`
+						} `yaml:"livenessProbe"`
+						EnvFrom   []map[string]any `yaml:"envFrom"`
+						Resources struct {
+							Requests map[string]string `yaml:"requests"`
+						} `yaml:"resources"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	readYAML(t, filepath.Join("kubernetes", "deployment.yaml"), &dep)
+	names := []string{}
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		names = append(names, c.Name)
+		if c.Resources.Requests["cpu"] == "" {
+			t.Errorf("container %s: no CPU request", c.Name)
+		}
+		if c.Name == "mdproxy" && (c.ReadinessProbe.HTTPGet.Port != "admin" || c.LivenessProbe.HTTPGet.Port != "admin" || len(c.EnvFrom) == 0) {
+			t.Errorf("mdproxy container: probes on %q/%q, envFrom %v; want the admin port and the ConfigMap", c.ReadinessProbe.HTTPGet.Port, c.LivenessProbe.HTTPGet.Port, c.EnvFrom)
+		}
+	}
+	if !slices.Equal(names, []string{"core", "mdproxy"}) {
+		t.Errorf("Deployment containers %v, want core and mdproxy in one Pod", names)
+	}
+	var svc struct {
+		Spec struct {
+			Ports []struct {
+				Name       string `yaml:"name"`
+				TargetPort string `yaml:"targetPort"`
+			} `yaml:"ports"`
+		} `yaml:"spec"`
+	}
+	readYAML(t, filepath.Join("kubernetes", "service.yaml"), &svc)
+	if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].TargetPort != "api" {
+		t.Errorf("Service ports %+v, want the API port to target the proxy (api)", svc.Spec.Ports)
+	}
+	var cm struct {
+		Data map[string]string `yaml:"data"`
+	}
+	readYAML(t, filepath.Join("kubernetes", "configmap.yaml"), &cm)
+	for k := range cm.Data {
+		if !strings.HasPrefix(k, "MDPROXY_") {
+			t.Errorf("ConfigMap key %s: want MDPROXY_ variables only", k)
+		}
+	}
+	for _, f := range []string{
+		filepath.Join("grafana", "provisioning", "datasources", "prometheus.yaml"),
+		filepath.Join("grafana", "provisioning", "dashboards", "mdproxy.yaml"),
+		filepath.Join("prometheus", "prometheus.yml"),
+	} {
+		var m map[string]any
+		readYAML(t, f, &m)
+		if len(m) == 0 {
+			t.Errorf("%s: empty", f)
+		}
+	}
+}

@@ -1,0 +1,323 @@
+package deploy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// goBin is the go command of the toolchain running the test.
+func goBin() string {
+	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
+		return p
+	}
+	return "go"
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// freeAddr returns a loopback address with a port free at the time of the call.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// proc is a binary started by the test; its stderr (JSON logs) is kept.
+type proc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs []string
+	addr chan map[string]any // the first log line with a "listen" address
+}
+
+func start(t *testing.T, ctx context.Context, bin string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.CommandContext(ctx, bin, args...), addr: make(chan map[string]any, 1)}
+	p.cmd.Env = append(os.Environ(), env...)
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.logs = append(p.logs, line)
+			p.mu.Unlock()
+			var m map[string]any
+			if !sent && json.Unmarshal([]byte(line), &m) == nil && m["listen"] != nil {
+				p.addr <- m
+				sent = true
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		_ = p.cmd.Wait()
+		<-done
+	})
+	return p
+}
+
+// waitAddr returns the serving log line's fields.
+func (p *proc) waitAddr(t *testing.T) map[string]any {
+	t.Helper()
+	select {
+	case m := <-p.addr:
+		return m
+	case <-time.After(30 * time.Second):
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		t.Fatalf("%s did not log its address; logs:\n%s", p.cmd.Path, strings.Join(p.logs, "\n"))
+	}
+	return nil
+}
+
+// promQuery runs an instant query and returns the number of series or samples.
+func promQuery(t *testing.T, base, q string) (int, error) {
+	t.Helper()
+	resp, err := http.Get(base + "/api/v1/query?query=" + url.QueryEscape(q))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string            `json:"resultType"`
+			Result     []json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return 0, err
+	}
+	if r.Status != "success" {
+		return 0, fmt.Errorf("query %q: %s", q, r.Error)
+	}
+	return len(r.Data.Result), nil
+}
+
+// TestAgainstPrometheus starts the Core emulator, mdproxy in front of it and a real
+// Prometheus (Debian's package) scraping both with deploy/'s rules, runs
+// `mdbench --quick` through the proxy, then evaluates every dashboard panel query and
+// every recording rule through Prometheus's HTTP API: each must return data. It also
+// checks the dashboard uses only metrics that mdproxy exports.
+func TestAgainstPrometheus(t *testing.T) {
+	promBin, err := exec.LookPath("prometheus")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("prometheus not installed: .ci/run must install Debian's prometheus package")
+		}
+		t.Skip("prometheus not installed (apt-get install prometheus)")
+	}
+	if testing.Short() {
+		t.Skip("runs Prometheus and the benchmark for about a minute")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := t.TempDir()
+	build := exec.Command(goBin(), "build", "-o", dir+string(os.PathSeparator), "../cmd/coresim", "../cmd/mdproxy", "../cmd/mdbench")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	// The emulator at 60× with a small scan queue, so that Core's own 503 (queue full)
+	// shows; mdproxy with limits scaled by 60 and a maximum wait, so that requests are
+	// allowed, delayed and rejected.
+	const speedup = "60"
+	core := start(t, ctx, filepath.Join(dir, "coresim"), []string{
+		"CORESIM_LISTEN_ADDR=127.0.0.1:0", "CORESIM_ADMIN_ADDR=127.0.0.1:0",
+		"CORESIM_SPEEDUP=" + speedup, "CORESIM_TICK=1ms", "CORESIM_QUEUE_SIZE=60",
+	}).waitAddr(t)
+	proxy := start(t, ctx, filepath.Join(dir, "mdproxy"), []string{
+		"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0",
+		"MDPROXY_UPSTREAM_URL=http://" + core["listen"].(string),
+		"MDPROXY_FILE_RESULT_RATE=300", "MDPROXY_FILE_RESULT_BURST=50", "MDPROXY_FILE_RESULT_MAX_WAIT=20ms",
+	}).waitAddr(t)
+	proxyURL, proxyAdmin := "http://"+proxy["listen"].(string), proxy["admin"].(string)
+
+	promAddr := freeAddr(t)
+	rules, _ := filepath.Abs(filepath.Join("prometheus", "rules"))
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: [%q, %q]
+scrape_configs:
+  - job_name: mdproxy
+    static_configs: [{targets: [%q]}]
+  - job_name: coresim
+    static_configs: [{targets: [%q]}]
+`, filepath.Join(rules, "recording.yml"), filepath.Join(rules, "alerts.yml"), proxyAdmin, core["admin"].(string))
+	cfgPath := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("promtool", "check", "config", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check config: %v\n%s", err, out)
+	}
+	prom := exec.CommandContext(ctx, promBin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
+		"--web.listen-address="+promAddr, "--log.level=warn")
+	promLog, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom.Stdout, prom.Stderr = promLog, promLog
+	if err := prom.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prom.Process.Signal(os.Interrupt); _ = prom.Wait(); promLog.Close() })
+	promURL := "http://" + promAddr
+	waitFor(t, "Prometheus ready", func() bool {
+		resp, err := http.Get(promURL + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	// The benchmark's quick run through the proxy: polling (No-limit, the proxy's
+	// limits apply) and callbacks; plus a few clients that go away (499).
+	bench := exec.CommandContext(ctx, filepath.Join(dir, "mdbench"), "--quick", "--core-url", proxyURL,
+		"--speedup", speedup, "--scenarios", "No-limit,Webhook", "--callback-addr", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "data"))
+	out, err := bench.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mdbench: %v\n%s", err, out)
+	}
+	t.Logf("mdbench:\n%s", out)
+	for range 5 {
+		c := &http.Client{Timeout: time.Millisecond}
+		if resp, err := c.Get(proxyURL + "/file/gone"); err == nil {
+			resp.Body.Close()
+		}
+	}
+	// Let a few more scrapes and rule evaluations happen.
+	time.Sleep(5 * time.Second)
+
+	d := loadDashboard(t)
+	queries := panelQueries(d)
+	names := slices.Sorted(func(yield func(string) bool) {
+		for k := range queries {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, name := range names {
+		q := queries[name]
+		var n int
+		var qerr error
+		// A recording rule may need one more evaluation; retry briefly before failing.
+		for range 10 {
+			if n, qerr = promQuery(t, promURL, q); qerr == nil && n > 0 {
+				break
+			}
+			time.Sleep(time.Second)
+		}
+		if qerr != nil || n == 0 {
+			t.Errorf("panel %q: query %s returned %d series, %v; want data", name, q, n, qerr)
+		}
+	}
+	for _, rule := range recordingRules(t) {
+		if n, err := promQuery(t, promURL, rule); err != nil || n == 0 {
+			t.Errorf("recording rule %s returned %d series, %v; want data", rule, n, err)
+		}
+	}
+	// The alert rules are loaded and healthy.
+	resp, err := http.Get(promURL + "/api/v1/rules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rr struct {
+		Data struct {
+			Groups []struct {
+				Rules []struct {
+					Name, Health, LastError string
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&rr)
+	resp.Body.Close()
+	loaded := 0
+	for _, g := range rr.Data.Groups {
+		for _, r := range g.Rules {
+			loaded++
+			if r.Health != "ok" {
+				t.Errorf("rule %s: health %q, %s; want ok", r.Name, r.Health, r.LastError)
+			}
+		}
+	}
+	if want := len(recordingRules(t)) + 5; loaded != want {
+		t.Errorf("Prometheus loaded %d rules, want %d", loaded, want)
+	}
+
+	// The dashboard uses only metrics mdproxy exports (and recording rules, and up).
+	resp, err = http.Get("http://" + proxyAdmin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	exported := map[string]bool{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			f := strings.Fields(name)
+			exported[f[0]] = true
+			if f[1] == "histogram" {
+				exported[f[0]+"_bucket"] = true
+			}
+		}
+	}
+	records := map[string]bool{"up": true}
+	for _, r := range recordingRules(t) {
+		records[r] = true
+	}
+	ident := regexp.MustCompile(`[a-z_:]*mdproxy[a-z_:]*`)
+	for _, name := range names {
+		for _, m := range ident.FindAllString(queries[name], -1) {
+			if !exported[m] && !records[m] {
+				t.Errorf("panel %q uses %s, which mdproxy does not export and no rule records", name, m)
+			}
+		}
+	}
+}
+
+// waitFor polls cond for up to 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30 s for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
