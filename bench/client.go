@@ -59,14 +59,13 @@ type Submission struct {
 
 // Outcome is the raw record of one run of a Workload.
 type Outcome struct {
-	Start, End              time.Time // real time of the first submission and the last result
-	FirstFetch, LastFetch   time.Time // real time
-	FetchOK, FetchErrors    int64     // accepted fetches; fetches answered 503
-	FetchOther              int64     // fetches that failed otherwise
-	SubmitRetries           int64     // submissions refused (503) and sent again
-	Submissions             []*Submission
-	Speedup                 float64
-	CallbacksWithoutRequest int64
+	Start, End            time.Time // real time of the first submission and the last result
+	FirstFetch, LastFetch time.Time // real time
+	FetchOK, FetchErrors  int64     // accepted fetches; fetches answered 503
+	FetchOther            int64     // fetches that failed otherwise
+	SubmitRetries         int64     // submissions refused (503) and sent again
+	Submissions           []*Submission
+	Speedup               float64
 }
 
 // analysis is the part of Core's analysis result the client reads.
@@ -214,6 +213,7 @@ type runState struct {
 
 	mu       sync.Mutex
 	byID     map[string]*Submission
+	early    map[string]*analysis // results that came before their POST's answer was read
 	inFlight map[string]bool
 	done     chan struct{}
 
@@ -229,16 +229,24 @@ func (c *runState) allDone() <-chan struct{} {
 	return c.done
 }
 
-// finish records a complete result once.
+// finish records a complete result once. A callback can arrive before the client has
+// read the data_id from its POST's answer: it is kept until then.
 func (c *runState) finish(a *analysis) {
-	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.byID[a.DataID]
 	if s == nil {
-		c.out.CallbacksWithoutRequest++
+		if c.early == nil {
+			c.early = map[string]*analysis{}
+		}
+		c.early[a.DataID] = a
 		return
 	}
+	c.finishLocked(s, a, time.Now())
+}
+
+// finishLocked records a for s; the caller holds c.mu.
+func (c *runState) finishLocked(s *Submission, a *analysis, now time.Time) {
 	if !s.Received.IsZero() {
 		return
 	}
@@ -342,11 +350,15 @@ func (c *runState) submit(ctx context.Context, f DataFile) error {
 		return fmt.Errorf("%w: POST %s/file answered no data_id: %s", ErrUnreachable, c.base, bytes.TrimSpace(body))
 	}
 	s := &Submission{DataID: r.DataID, File: f.Name, Sent: sent}
+	c.submitted.Add(1)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.byID[r.DataID] = s
 	c.out.Submissions = append(c.out.Submissions, s)
-	c.mu.Unlock()
-	c.submitted.Add(1)
+	if a := c.early[r.DataID]; a != nil {
+		delete(c.early, r.DataID)
+		c.finishLocked(s, a, time.Now())
+	}
 	return nil
 }
 

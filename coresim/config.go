@@ -65,8 +65,9 @@ type Config struct {
 	// look-ups and batch status, in requests per virtual second; 0 = off (Core's
 	// default). Over it Core answers 503 {"err": ...}.
 	FetchLimit float64 `env:"FETCH_LIMIT" envDefault:"0"`
-	// FetchBurst is the burst of FetchLimit, in requests; 0 means one second's worth,
-	// ceil(FetchLimit). OPSWAT does not document it.
+	// FetchBurst is the burst of FetchLimit, in requests; 0 means half a second's worth,
+	// ceil(FetchLimit/2), which reproduces the published accepted fetch rates (OPSWAT
+	// does not document the burst).
 	FetchBurst int `env:"FETCH_BURST" envDefault:"0"`
 
 	// CallbackRetries is how many times a failed callback is retried. Default 3.

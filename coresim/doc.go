@@ -48,7 +48,7 @@
 //   - Unlimited polling: Core answered 51 fetches a second and took 45.2 min. With 3
 //     API workers and ~55 ms a poll, polls take 3 cores at most, at ~52 a second, and
 //     scanning keeps 5: 26.9 × 8 / 5 = 43 min.
-//   - Core's own limit of N a second (a burst of one second's worth): a round of
+//   - Core's own limit of N a second (a burst of half a second's worth): a round of
 //     ~1300 fetches over 50 connections at ~120 ms each lasts a few seconds and lets
 //     a share of N through; the rest are refused at 0.4 ms of core time each, so
 //     Rate-1 stays within a few percent of the time without polling (27.7 against

@@ -80,7 +80,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	if cfg.FetchLimit > 0 {
 		burst := cfg.FetchBurst
 		if burst == 0 {
-			burst = max(1, int(math.Ceil(cfg.FetchLimit)))
+			burst = max(1, int(math.Ceil(cfg.FetchLimit/2)))
 		}
 		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), burst)
 	}
