@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 )
 
 // Handler returns Core's REST API as the emulator serves it. Unknown routes answer
@@ -17,6 +18,7 @@ import (
 func (s *Sim) Handler() http.Handler {
 	a := &api{s: s}
 	r := chi.NewRouter()
+	r.Use(middleware.GetHead) // HEAD is answered as GET, without a body
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeErr(w, http.StatusNotFound, "Not found") })
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeErr(w, http.StatusMethodNotAllowed, "Method not allowed")

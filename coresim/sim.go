@@ -137,8 +137,8 @@ func (s *Sim) Advance(dv time.Duration) {
 	s.expire(now)
 }
 
-// virtualDuration converts a real duration of the configuration (costs are given in
-// virtual time already) to core-seconds.
+// coreSeconds converts a cost of the configuration, a virtual duration of one core's
+// time, to core-seconds.
 func coreSeconds(d time.Duration) float64 { return d.Seconds() }
 
 // scanDone is the model's completion hook.

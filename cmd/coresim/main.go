@@ -112,5 +112,6 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}
+	log.Info("coresim stopped")
 	return nil
 }
