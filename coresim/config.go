@@ -100,21 +100,15 @@ func LoadConfig(environ map[string]string) (Config, error) {
 	if err := envconf.Parse(&c, EnvPrefix, environ); err != nil {
 		return c, err
 	}
-	// env gives a variable set but empty its envDefault: an empty CORESIM_ADMIN_ADDR
-	// means no admin listener, an empty CORESIM_LISTEN_ADDR is a mistake.
-	for name, p := range map[string]*string{"LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr} {
-		if v, set := environ[EnvPrefix+name]; set && v == "" {
-			*p = ""
-		}
-	}
+	// An empty CORESIM_ADMIN_ADDR means no admin listener; an empty
+	// CORESIM_LISTEN_ADDR is a mistake that Validate reports.
+	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{"LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	return c, c.Validate(environ)
 }
 
 // Validate rejects settings that parse but make no sense, naming the variable.
 func (c *Config) Validate(environ map[string]string) error {
-	bad := func(name, want string) error {
-		return &envconf.Error{Var: EnvPrefix + name, Value: environ[EnvPrefix+name], Want: want}
-	}
+	bad := func(name, want string) error { return envconf.Invalid(environ, EnvPrefix, name, want) }
 	switch {
 	case c.ListenAddr == "":
 		return bad("LISTEN_ADDR", "want a host:port")

@@ -97,16 +97,10 @@ func loadConfig(environ map[string]string) (*Config, error) {
 
 // validate rejects values that parse but make no sense, naming the variable.
 func (c *Config) validate(environ map[string]string) error {
-	bad := func(name, want string) error {
-		return &envconf.Error{Var: envPrefix + name, Value: environ[envPrefix+name], Want: want}
-	}
-	// env gives a variable set but empty its envDefault; an address set empty (a ${VAR}
-	// that expanded to nothing) is a mistake, so the checks below must see it empty.
-	for name, p := range map[string]*string{"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr} {
-		if v, set := environ[envPrefix+name]; set && v == "" {
-			*p = ""
-		}
-	}
+	bad := func(name, want string) error { return envconf.Invalid(environ, envPrefix, name, want) }
+	// An address set empty is a mistake: the checks below must see it empty.
+	envconf.EmptyWhenSet(environ, envPrefix, map[string]*string{
+		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")

@@ -61,3 +61,21 @@ func Parse(v any, prefix string, environ map[string]string) error {
 	name := prefix + key
 	return &Error{Var: name, Value: environ[name], Want: Accepts(f.Type)}
 }
+
+// Invalid returns the *Error of the variable prefix+name, holding its value in environ,
+// for a value that parses but is out of range; want says what it accepts.
+func Invalid(environ map[string]string, prefix, name, want string) *Error {
+	return &Error{Var: prefix + name, Value: environ[prefix+name], Want: want}
+}
+
+// EmptyWhenSet empties each field whose variable (prefix + key) is set to "" in
+// environ. env gives such a variable its envDefault; for an address, an empty value (a
+// ${VAR} that expanded to nothing) means something else or is a mistake that
+// validation must see.
+func EmptyWhenSet(environ map[string]string, prefix string, fields map[string]*string) {
+	for name, p := range fields {
+		if v, set := environ[prefix+name]; set && v == "" {
+			*p = ""
+		}
+	}
+}

@@ -180,3 +180,15 @@ func TestAccepts(t *testing.T) {
 		}
 	}
 }
+
+func TestInvalidAndEmptyWhenSet(t *testing.T) {
+	env := map[string]string{"APP_ADDR": "", "APP_PORT": "99999"}
+	if got := envconf.Invalid(env, "APP_", "PORT", "want a port"); got.Error() != `APP_PORT="99999": want a port` {
+		t.Errorf("Invalid(...).Error() = %q, want the variable, its value and what it accepts", got.Error())
+	}
+	addr, other := ":80", ":81"
+	envconf.EmptyWhenSet(env, "APP_", map[string]*string{"ADDR": &addr, "OTHER": &other})
+	if addr != "" || other != ":81" {
+		t.Errorf("EmptyWhenSet: addr %q, other %q; want the set-empty one emptied, the unset one kept", addr, other)
+	}
+}
