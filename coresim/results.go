@@ -378,8 +378,11 @@ func (s *Sim) batchResult(id string, first int) (res *BatchResponse, n int, ok b
 	res.BatchFiles.PageSize = batchPageSize
 	res.BatchFiles.FilesInBatch = []batchFile{}
 	overall, allDone := resultClean, true
-	for _, sc := range files {
+	// Each file's result is built once: for the batch's overall verdict and the page.
+	results := make([]*AnalysisResult, len(files))
+	for k, sc := range files {
 		r, _ := s.analysisResult(sc)
+		results[k] = r
 		i := r.ScanResults.ScanAllResultI
 		if i == resultInProgress {
 			allDone = false
@@ -388,7 +391,7 @@ func (s *Sim) batchResult(id string, first int) (res *BatchResponse, n int, ok b
 		}
 	}
 	for i := first; i < len(files) && i < first+batchPageSize; i++ {
-		r, _ := s.analysisResult(files[i])
+		r := results[i]
 		f := batchFile{
 			DataID: r.DataID, DisplayName: r.FileInfo.DisplayName, FileSize: r.FileInfo.FileSize,
 			FileType: r.FileInfo.FileType, FileTypeDescription: r.FileInfo.FileTypeDescription,

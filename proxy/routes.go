@@ -69,10 +69,25 @@ func RouteNames() []string {
 // The canonical path is used for routing only; the path forwarded to Core keeps the
 // client's spelling and encoding.
 func CanonicalPath(u *url.URL) (p string, ok bool) {
-	raw := strings.ToLower(u.EscapedPath())
-	if strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") ||
+	if (u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c")) ||
 		strings.ContainsAny(u.Path, "\\\x00") {
 		return "", false
 	}
 	return strings.ToLower(path.Clean("/" + u.Path)), true
+}
+
+// containsFold reports whether s contains any of the lower-case escapes, in either
+// case, without allocating (CanonicalPath runs on every request).
+func containsFold(s string, escapes ...string) bool {
+	for i := 0; i+3 <= len(s); i++ {
+		if s[i] != '%' {
+			continue
+		}
+		for _, e := range escapes {
+			if strings.EqualFold(s[i:i+3], e) {
+				return true
+			}
+		}
+	}
+	return false
 }
