@@ -205,8 +205,9 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // fetchGate holds a fetch for RequestLatency (virtual), then has an API worker receive
-// it (RejectCost of core time) and apply Core's own rate limit; over it, it answers 503.
-// It reports whether the request may go on.
+// it (RejectCost of core time) and apply Core's own rate limit: a fetch over the limit
+// waits its turn, FetchWait at most, without a worker, or is answered 503 at once when
+// its turn is further away. It reports whether the request may go on.
 func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) bool {
 	s := a.s
 	// The network's share varies from request to request (uniform, ±50%): requests
@@ -225,11 +226,19 @@ func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) boo
 		work = WorkBatchStatus
 	}
 	allowed := false
+	var turn time.Duration // virtual instant at which an allowed fetch may go on
 	admitted := s.model.Admit(coreSeconds(s.cfg.RejectCost), func(at time.Duration) Work {
-		if s.fetch == nil || s.fetch.AllowN(s.epoch.Add(at), 1) {
+		if s.fetch == nil {
 			allowed = true
 			return work
 		}
+		now := s.epoch.Add(at)
+		res := s.fetch.ReserveN(now, 1)
+		if delay := res.DelayFrom(now); res.OK() && delay <= s.cfg.FetchWait {
+			allowed, turn = true, at+delay
+			return work
+		}
+		res.CancelAt(now)
 		return WorkReject
 	})
 	select {
@@ -237,12 +246,19 @@ func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) boo
 	case <-r.Context().Done():
 		return false
 	}
-	if allowed {
-		return true
+	if !allowed {
+		s.m.fetches.WithLabelValues(kind, "rejected").Inc()
+		writeErr(w, http.StatusServiceUnavailable, "Too many requests. Try again later.")
+		return false
 	}
-	s.m.fetches.WithLabelValues(kind, "rejected").Inc()
-	writeErr(w, http.StatusServiceUnavailable, "Too many requests. Try again later.")
-	return false
+	if wait := turn - s.model.Now(); wait > 0 {
+		select {
+		case <-s.model.After(wait):
+		case <-r.Context().Done():
+			return false
+		}
+	}
+	return true
 }
 
 // result is GET /file/{data_id}: the analysis result, in progress or complete. An

@@ -42,7 +42,7 @@ type Config struct {
 	// engines, on top of ScanCostObject.
 	ScanCostMiB time.Duration `env:"SCAN_COST_MIB" envDefault:"600ms"`
 	// PollCostBase is the virtual core time of answering any result poll.
-	PollCostBase time.Duration `env:"POLL_COST_BASE" envDefault:"50ms"`
+	PollCostBase time.Duration `env:"POLL_COST_BASE" envDefault:"60ms"`
 	// PollCostEntry is the virtual core time per entry of a result (objects × engines)
 	// on top of PollCostBase: a large result costs more to build and send.
 	PollCostEntry time.Duration `env:"POLL_COST_ENTRY" envDefault:"15us"`
@@ -53,22 +53,30 @@ type Config struct {
 	RejectCost time.Duration `env:"REJECT_COST" envDefault:"400us"`
 
 	// APIWorkers is the number of cores that answering requests may use at once (Core's
-	// web server threads); the rest always scan. Default 3: with unlimited polling the
-	// published benchmark's Core answered 51 polls a second, about 3 cores' worth.
-	APIWorkers int `env:"API_WORKERS" envDefault:"3"`
+	// web server threads); the rest always scan. Default 4: with unlimited polling the
+	// published benchmark's Core answered 51 polls a second on average, pauses between
+	// the client's rounds included.
+	APIWorkers int `env:"API_WORKERS" envDefault:"4"`
 	// RequestLatency is the virtual time every result poll, hash look-up and batch
-	// status spends outside the cores (network, TLS, Core's nginx) before it is served
-	// or refused. Default 120ms.
-	RequestLatency time.Duration `env:"REQUEST_LATENCY" envDefault:"120ms"`
+	// status spends outside the cores (network, TLS, Core's front end) before it is
+	// served or refused. Default 200ms.
+	RequestLatency time.Duration `env:"REQUEST_LATENCY" envDefault:"200ms"`
 
 	// FetchLimit is Core's own request rate limit (5.13+) on result polls, hash
 	// look-ups and batch status, in requests per virtual second; 0 = off (Core's
 	// default). Over it Core answers 503 {"err": ...}.
 	FetchLimit float64 `env:"FETCH_LIMIT" envDefault:"0"`
-	// FetchBurst is the burst of FetchLimit, in requests; 0 means half a second's worth,
-	// ceil(FetchLimit/2), which reproduces the published accepted fetch rates (OPSWAT
-	// does not document the burst).
-	FetchBurst int `env:"FETCH_BURST" envDefault:"0"`
+	// FetchBurst is the burst of FetchLimit, in requests (>= 1): how many fetches pass
+	// at once after a quiet spell. Default 5. OPSWAT documents neither the burst nor
+	// the wait; the defaults reproduce the published accepted fetch rates.
+	FetchBurst int `env:"FETCH_BURST" envDefault:"5"`
+	// FetchWait is how long a fetch over FetchLimit may wait for its turn: within it,
+	// the fetch is held (no core, no worker) and then served at the limit's pace, as a
+	// leaky bucket with a queue does (nginx's limit_req without nodelay); a fetch that
+	// would wait longer is refused at once. Default 2s, two seconds' worth of fetches
+	// held at most; 0 refuses every fetch over the limit at once (a plain token
+	// bucket).
+	FetchWait time.Duration `env:"FETCH_WAIT" envDefault:"2s"`
 
 	// CallbackRetries is how many times a failed callback is retried. Default 3.
 	CallbackRetries int `env:"CALLBACK_RETRIES" envDefault:"3"`
@@ -144,8 +152,10 @@ func (c *Config) Validate(environ map[string]string) error {
 		return bad("REJECT_COST", "want a duration >= 0")
 	case c.FetchLimit < 0:
 		return bad("FETCH_LIMIT", "want a number of requests per second >= 0")
-	case c.FetchBurst < 0:
-		return bad("FETCH_BURST", "want a whole number of requests >= 0")
+	case c.FetchBurst < 1:
+		return bad("FETCH_BURST", "want a whole number of requests >= 1")
+	case c.FetchWait < 0:
+		return bad("FETCH_WAIT", "want a duration >= 0")
 	case c.CallbackRetries < 0:
 		return bad("CALLBACK_RETRIES", "want a whole number >= 0")
 	case c.CallbackDelay < 0:

@@ -909,7 +909,7 @@ func TestContractConvertedAndHash(t *testing.T) {
 
 // TestContractFetchLimit checks the 503 of Core's own rate limit (not in the spec).
 func TestContractFetchLimit(t *testing.T) {
-	h := newAPIHarness(t, func(c *Config) { c.FetchLimit, c.FetchBurst = 1, 1 })
+	h := newAPIHarness(t, func(c *Config) { c.FetchLimit, c.FetchBurst, c.FetchWait = 1, 1, 0 })
 	id := h.submit(t, []byte("limited"))
 	first := h.get(t, "/file/"+id)
 	second := h.get(t, "/file/"+id)

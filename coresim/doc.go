@@ -33,26 +33,33 @@
 // Requests are served in arrival order by at most API_WORKERS cores (Core's web server
 // threads), and a request is answered only once its core time is served. A fetch
 // (result poll, batch status) first spends REQUEST_LATENCY, ±50% at random, outside
-// the cores (the network), then a worker receives it and checks Core's own limit at that instant, so
-// that fetches reach the limiter one after another; an accepted fetch then queues again
-// for its answer. Scans share what is left, one core at most per file, up to V files at
-// once, the rest waiting in the scan queue (CORESIM_QUEUE_SIZE, default 4000; beyond it
-// POST /file answers 503 "Server is too busy. Try again later.").
+// the cores (the network), then a worker receives it and checks Core's own limit at
+// that instant, so that fetches reach the limiter one after another. Over the limit
+// (FETCH_LIMIT a second, FETCH_BURST at once), a fetch whose turn comes within
+// FETCH_WAIT is held, on no worker, until its turn, as nginx's limit_req without
+// nodelay holds it; a fetch whose turn is further away is answered 503 at once. An
+// accepted fetch then queues again for its answer. Scans share what is left, one core
+// at most per file, up to V files at once, the rest waiting in the scan queue
+// (CORESIM_QUEUE_SIZE, default 4000; beyond it POST /file answers 503 "Server is too
+// busy. Try again later.").
 //
 // The defaults reproduce the published benchmark of Core 5.13 on 8 vCPU (shared/seed)
-// with mdbench's client (50 connections, a fetch round every 5 s):
+// with mdbench's client (120 connections, fetch rounds 5 s apart):
 //
 //   - Scanning: 2000 submissions of ~65 objects and 952 KB took 26.9 min without
 //     polling, about 6.5 core-seconds each; 83 ms an object and 600 ms a MiB, with the
 //     time lost at the start and the end of the run, give that duration.
-//   - Unlimited polling: Core answered 51 fetches a second and took 45.2 min. With 3
-//     API workers and ~55 ms a poll, polls take 3 cores at most, at ~52 a second, and
-//     scanning keeps 5: 26.9 × 8 / 5 = 43 min.
-//   - Core's own limit of N a second (a burst of half a second's worth): a round of
-//     ~1300 fetches over 50 connections at ~120 ms each lasts a few seconds and lets
-//     a share of N through; the rest are refused at 0.4 ms of core time each, so
-//     Rate-1 stays within a few percent of the time without polling (27.7 against
-//     26.9 min).
+//   - Unlimited polling: Core answered 51 fetches a second and took 45.2 min. Polls
+//     of ~60 ms on 4 API workers take 4 cores during a round and none in the client's
+//     pause between rounds; scanning keeps the rest.
+//   - Core's own limit of N a second: OPSWAT documents neither its burst nor what
+//     happens to a fetch just over the limit. The published figures fit a limiter that
+//     holds such a fetch for up to 2 seconds before serving it: at 50 a second the
+//     client's connections wait their turn and few fetches are refused (10.5%
+//     published), while at 20, 10 and 1 a second most are refused at once and the
+//     accepted rate stays near the limit only while a round lasts (11.0, 6.1 and 0.8
+//     a second published). A refusal costs 0.4 ms of core time, so Rate-1 stays
+//     within a few percent of the time without polling (27.7 against 26.9 min).
 //
 // bench/results holds the table the defaults give.
 //

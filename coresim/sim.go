@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -78,11 +77,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	s.model = NewModel(cfg.Cores, s.scanDone)
 	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
-		burst := cfg.FetchBurst
-		if burst == 0 {
-			burst = max(1, int(math.Ceil(cfg.FetchLimit/2)))
-		}
-		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), burst)
+		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst)
 	}
 	s.m = newSimMetrics(reg, s)
 	s.cb = newCallbacks(s)

@@ -73,6 +73,9 @@ func rigConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.PollCostBase, cfg.PollCostEntry, cfg.BatchCostFile, cfg.RejectCost = 0, 0, 0, 0
 	cfg.RequestLatency = 0
+	// Fetches over Core's limit are refused at once: the rig's requests are
+	// synchronous, and TestFetchWait checks the wait.
+	cfg.FetchWait = 0
 	cfg.TempDir = t.TempDir()
 	return cfg
 }
@@ -577,6 +580,73 @@ func (r *rig) flood(paths []string, n int, span time.Duration, post bool) (accep
 	}
 }
 
+// TestFetchWait checks Core's limit with a wait (FetchWait): a fetch over the limit
+// whose turn comes within the wait is held, then served at the limit's pace; one whose
+// turn is further away is answered 503 at once.
+func TestFetchWait(t *testing.T) {
+	cfg := rigConfig(t)
+	cfg.FetchLimit, cfg.FetchBurst, cfg.FetchWait = 2, 1, time.Second
+	r := newRig(t, cfg)
+	id := r.mustSubmit([]byte("waited for"), nil)
+
+	type answer struct {
+		code int
+		at   time.Duration // virtual time of the answer
+	}
+	answers := make(chan answer, 5)
+	for range 5 {
+		go func() {
+			resp := r.do(http.MethodGet, "/file/"+id, nil, nil)
+			answers <- answer{resp.code, r.sim.Model().Now()}
+		}()
+	}
+	// receive waits for n answers; quiet checks that no other one comes meanwhile.
+	receive := func(n int) (ok, refused int) {
+		t.Helper()
+		for range n {
+			select {
+			case a := <-answers:
+				switch a.code {
+				case http.StatusOK:
+					ok++
+				case http.StatusServiceUnavailable:
+					refused++
+				default:
+					t.Fatalf("GET /file/{id} = %d, want 200 or 503", a.code)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d of %d answers still missing after 10 s", n, n)
+			}
+		}
+		return ok, refused
+	}
+	quiet := func(when string) {
+		t.Helper()
+		select {
+		case a := <-answers:
+			t.Errorf("%s: an answer %d at %v, want none yet", when, a.code, a.at)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// At 2/s with a burst of 1 and a wait of 1 s: the first fetch passes, the next two
+	// are given turns at 0.5 s and 1 s, the last two would wait 1.5 s: refused.
+	if ok, refused := receive(3); ok != 1 || refused != 2 {
+		t.Fatalf("answers at once = %d × 200, %d × 503, want 1 and 2", ok, refused)
+	}
+	quiet("before 0.5 s")
+	for i, at := range []time.Duration{500 * time.Millisecond, time.Second} {
+		r.sim.Advance(400 * time.Millisecond)
+		quiet(fmt.Sprintf("%v before the turn at %v", r.sim.Model().Now(), at))
+		r.sim.Advance(100 * time.Millisecond)
+		if ok, _ := receive(1); ok != 1 {
+			t.Fatalf("waiting fetch %d at %v: not served, want 200", i+1, at)
+		}
+	}
+	if got := r.metric("coresim_fetches_total", "kind", "result", "result", "rejected"); got != 2 {
+		t.Errorf("coresim_fetches_total{result=rejected} = %v, want 2", got)
+	}
+}
+
 // TestFetchLimit floods GET /file/{data_id} and GET /file/batch/{batch_id} and checks
 // that Core's own limit lets exactly burst + rate × virtual elapsed through, within
 // one, and never limits POST /file.
@@ -791,6 +861,9 @@ func TestPollingSlowsScanning(t *testing.T) {
 	// receive a fetch, which would book it in two stages (TestMetrics checks what a
 	// rejection costs).
 	cfg.RequestLatency, cfg.RejectCost = 0, 0
+	// A fetch over Core's limit is refused at once rather than held for its turn
+	// (TestFetchWait checks the wait): the rounds wait for every answer.
+	cfg.FetchWait = 0
 	// The slowdown grows with files × poll cost / cores, so a small workload needs a
 	// dearer poll than the default 50 ms to show it.
 	cfg.PollCostBase = 100 * time.Millisecond
@@ -842,9 +915,10 @@ func TestLoadConfigDefaults(t *testing.T) {
 		Cores: 8, Speedup: 1, Tick: 5 * time.Millisecond, QueueSize: 4000, ReadyQueue: 3600,
 		Engines:        []string{"AhnLab", "Avira", "Bitdefender", "ESET", "K7", "Quick Heal", "Vir.IT Explorer"},
 		ScanCostObject: 83 * time.Millisecond, ScanCostMiB: 600 * time.Millisecond,
-		PollCostBase: 50 * time.Millisecond, PollCostEntry: 15 * time.Microsecond,
+		PollCostBase: 60 * time.Millisecond, PollCostEntry: 15 * time.Microsecond,
 		BatchCostFile: 2 * time.Millisecond, RejectCost: 400 * time.Microsecond,
-		APIWorkers: 3, RequestLatency: 120 * time.Millisecond,
+		APIWorkers: 4, RequestLatency: 200 * time.Millisecond,
+		FetchBurst: 5, FetchWait: 2 * time.Second,
 		CallbackRetries: 3, CallbackDelay: time.Second, CallbackIncrease: time.Second,
 		CallbackTimeout: 10 * time.Second, CallbackWorkers: 16,
 		Retention: 24 * time.Hour, User: "admin", Password: "admin",
@@ -865,7 +939,7 @@ func TestLoadConfigValues(t *testing.T) {
 	}{
 		{map[string]string{"CORESIM_ENGINES": " A , B C"}, func(c Config) bool { return slices.Equal(c.Engines, []string{"A", "B C"}) }, "Engines [A, B C]"},
 		{map[string]string{"CORESIM_SPEEDUP": "0.5", "CORESIM_CORES": "2"}, func(c Config) bool { return c.Speedup == 0.5 && c.Cores == 2 }, "Speedup 0.5, Cores 2"},
-		{map[string]string{"CORESIM_FETCH_LIMIT": "0.5", "CORESIM_FETCH_BURST": "3"}, func(c Config) bool { return c.FetchLimit == 0.5 && c.FetchBurst == 3 }, "FetchLimit 0.5, FetchBurst 3"},
+		{map[string]string{"CORESIM_FETCH_LIMIT": "0.5", "CORESIM_FETCH_BURST": "3", "CORESIM_FETCH_WAIT": "0s"}, func(c Config) bool { return c.FetchLimit == 0.5 && c.FetchBurst == 3 && c.FetchWait == 0 }, "FetchLimit 0.5, FetchBurst 3, FetchWait 0"},
 		{map[string]string{"CORESIM_ADMIN_ADDR": ""}, func(c Config) bool { return c.AdminAddr == "" }, `AdminAddr "" (no admin listener)`},
 		{map[string]string{"CORESIM_SCAN_COST_MIB": "0s"}, func(c Config) bool { return c.ScanCostMiB == 0 && c.ScanCostObject == 83*time.Millisecond }, "ScanCostMiB 0"},
 		{map[string]string{"CORESIM_CALLBACK_RETRIES": "0", "CORESIM_CALLBACK_DELAY": "0s"}, func(c Config) bool { return c.CallbackRetries == 0 && c.CallbackDelay == 0 }, "no retries, no delay"},
@@ -898,7 +972,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		"BATCH_COST_FILE":   {"-1ms", "2"},
 		"REJECT_COST":       {"-1ms", "0.4"},
 		"FETCH_LIMIT":       {"-1", "x"},
-		"FETCH_BURST":       {"-1", "1.5"},
+		"FETCH_BURST":       {"0", "-1", "1.5"},
+		"FETCH_WAIT":        {"-1s", "1"},
 		"CALLBACK_RETRIES":  {"-1", "x"},
 		"CALLBACK_DELAY":    {"-1s", "1"},
 		"CALLBACK_INCREASE": {"-1s", "1"},
