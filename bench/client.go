@@ -19,20 +19,22 @@ import (
 
 // Workload is the client side of the published benchmark's test steps
 // (shared/seed/README.md): turns of TurnSize concurrent POST /file, TurnInterval
-// apart, until Submissions files are submitted; every FetchInterval, a GET
-// /file/{data_id} of every outstanding submission until its scan is complete (a 503
-// counts as a fetch error); or, with CallbackURL set, no fetching at all: the results
-// arrive by callback. Intervals are in virtual time and divided by Speedup.
+// apart, until Submissions files are submitted; rounds of GET /file/{data_id}, one of
+// every outstanding submission, FetchInterval apart, until every scan is complete (a
+// 503 counts as a fetch error); or, with CallbackURL set, no fetching at all: the
+// results arrive by callback. Intervals are in virtual time and divided by Speedup.
 type Workload struct {
 	Submissions  int           // 2000 in the published benchmark
 	TurnSize     int           // 10
 	TurnInterval time.Duration // 1 s
-	// FetchInterval is the period of the fetch rounds (5 s). A round fetches every
-	// outstanding data_id that is not already being fetched.
+	// FetchInterval is the pause between fetch rounds (5 s): a round fetches every
+	// outstanding data_id once, FetchConcurrency at a time, and the next round starts
+	// FetchInterval after the last answer of the previous one, as a polling loop that
+	// sleeps between rounds does.
 	FetchInterval time.Duration
 	// FetchConcurrency is how many fetches are in flight at most: the client's
-	// connection pool. The published client fetched "concurrently"; 50 reproduces its
-	// fetch rates (see the README).
+	// connection pool. The published client fetched "concurrently"; 120 reproduces its
+	// fetch rates (see bench/results).
 	FetchConcurrency int
 	Speedup          float64 // virtual seconds per real second; 1 against a real Core
 	APIKey           string  // sent as the apikey header when not empty
@@ -211,11 +213,10 @@ type runState struct {
 	base   string
 	out    *Outcome
 
-	mu       sync.Mutex
-	byID     map[string]*Submission
-	early    map[string]*analysis // results that came before their POST's answer was read
-	inFlight map[string]bool
-	done     chan struct{}
+	mu    sync.Mutex
+	byID  map[string]*Submission
+	early map[string]*analysis // results that came before their POST's answer was read
+	done  chan struct{}
 
 	submitted, completed atomic.Int64
 }
@@ -367,46 +368,41 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// fetchLoop starts a fetch round every interval until ctx ends.
+// fetchLoop runs fetch rounds, interval apart, until ctx ends.
 func (c *runState) fetchLoop(ctx context.Context, interval time.Duration) {
 	sem := make(chan struct{}, c.w.FetchConcurrency)
-	c.inFlight = map[string]bool{}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(interval):
 		}
 		c.mu.Lock()
 		var ids []string
 		for id, s := range c.byID {
-			if s.Received.IsZero() && !c.inFlight[id] {
-				c.inFlight[id] = true
+			if s.Received.IsZero() {
 				ids = append(ids, id)
 			}
 		}
 		c.mu.Unlock()
 		slices.Sort(ids) // a stable order: oldest submissions are not favoured by chance
+		var wg sync.WaitGroup
 		for _, id := range ids {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				select {
-				case sem <- struct{}{}:
-				case <-ctx.Done():
-					return
-				}
+				defer func() { <-sem }()
 				c.fetch(ctx, id)
-				<-sem
-				c.mu.Lock()
-				delete(c.inFlight, id)
-				c.mu.Unlock()
 			}()
 		}
+		wg.Wait()
 	}
 }
 
@@ -479,8 +475,8 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 // SeedWorkload is the published benchmark's client: 2000 submissions in turns of 10,
-// 1 s apart; a fetch round every 5 s.
+// 1 s apart; fetch rounds 5 s apart.
 var SeedWorkload = Workload{
 	Submissions: 2000, TurnSize: 10, TurnInterval: time.Second,
-	FetchInterval: 5 * time.Second, FetchConcurrency: 50,
+	FetchInterval: 5 * time.Second, FetchConcurrency: 120,
 }

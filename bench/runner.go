@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -160,10 +159,13 @@ func (e Env) start(sc Scenario) (*started, error) {
 		if err != nil {
 			return fail(fmt.Errorf("core URL %q: %w", core, err))
 		}
-		// A burst of one fetch round's worth (clients poll every 5 s): N a second on
-		// average, as Core's own limit of N lets through.
+		// The shape the emulator gives Core's own limit (coresim's FETCH_BURST and
+		// FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held up to 2
+		// seconds (virtual) for its turn, so that Proxy-N and Rate-N differ only in
+		// who enforces the limit.
 		set, err := limiter.NewSet(map[string]limiter.Limit{
-			"file_result": {Rate: sc.ProxyLimit * k, Burst: max(1, int(math.Ceil(5*sc.ProxyLimit)))},
+			"file_result": {Rate: sc.ProxyLimit * k, Burst: e.Sim.FetchBurst,
+				MaxWait: time.Duration(float64(e.Sim.FetchWait) / k)},
 		}, nil)
 		if err != nil {
 			return fail(err)

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/caarlos0/env/v11"
+
 	"github.com/mdproxy/mdproxy/bench"
 	"github.com/mdproxy/mdproxy/coresim"
 )
@@ -26,7 +28,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], env.ToMap(os.Environ()), os.Stdout, os.Stderr)
 	switch {
 	case err == nil:
 	case errors.Is(err, flag.ErrHelp):
@@ -78,7 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the figures as JSON to this file")
 	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case to this .png or .svg file")
 	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook and no submission was lost")
-	fs.IntVar(&o.concurrency, "fetch-concurrency", 50, "fetches in flight at most (the client's connection pool)")
+	fs.IntVar(&o.concurrency, "fetch-concurrency", bench.SeedWorkload.FetchConcurrency, "fetches in flight at most (the client's connection pool)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -94,7 +96,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// run is mdbench with its flags in args and its environment in environ: the CORESIM_*
+// variables there configure the emulators it starts (Speedup and Tick excepted, which
+// follow --speedup).
+func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -110,7 +115,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	spec := bench.SeedData
 	work := bench.SeedWorkload
-	simCfg := coresim.DefaultConfig()
+	simCfg, err := coresim.LoadConfig(environ)
+	if err != nil {
+		return usageError{err}
+	}
 	simCfg.Speedup = 16
 	if o.quick {
 		spec = bench.QuickData
