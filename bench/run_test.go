@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"image/png"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,6 +84,93 @@ func TestRunScenarios(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFetchRounds checks the client's polling loop against a Core that takes 20 ms
+// to answer a fetch and completes each scan at its third fetch: a round fetches every
+// outstanding data_id once, FetchConcurrency at a time, and the next round starts
+// FetchInterval after the last answer of the previous one.
+func TestFetchRounds(t *testing.T) {
+	const submissions, concurrency, interval = 6, 2, 150 * time.Millisecond
+	files, err := LoadOrGenerate(t.TempDir(), smallSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type fetch struct{ start, end time.Time }
+	var (
+		mu                    sync.Mutex
+		ids                   int
+		fetches               = map[string][]fetch{}
+		inFlight, maxInFlight int
+	)
+	core := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/file" {
+			_, _ = io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			ids++
+			id := fmt.Sprintf("id%d", ids)
+			mu.Unlock()
+			fmt.Fprintf(w, `{"data_id":%q}`, id)
+			return
+		}
+		id := strings.TrimPrefix(r.URL.Path, "/file/")
+		start := time.Now()
+		mu.Lock()
+		inFlight++
+		maxInFlight = max(maxInFlight, inFlight)
+		n := len(fetches[id]) + 1
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		inFlight--
+		fetches[id] = append(fetches[id], fetch{start, time.Now()})
+		mu.Unlock()
+		progress := 50
+		if n >= 3 {
+			progress = 100
+		}
+		fmt.Fprintf(w, `{"data_id":%q,"process_info":{"progress_percentage":%d}}`, id, progress)
+	}))
+	defer core.Close()
+
+	w := Workload{Submissions: submissions, TurnSize: submissions, TurnInterval: time.Second,
+		FetchInterval: interval, FetchConcurrency: concurrency, Speedup: 1, Deadline: time.Minute}
+	out, err := w.Run(context.Background(), core.URL, files)
+	if err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if out.FetchOK != 3*submissions || out.FetchErrors != 0 || len(out.Submissions) != submissions {
+		t.Errorf("accepted fetches %d, errors %d, submissions %d, want %d, 0, %d", out.FetchOK, out.FetchErrors, len(out.Submissions), 3*submissions, submissions)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if maxInFlight > concurrency {
+		t.Errorf("fetches in flight at once: %d, want at most FetchConcurrency %d", maxInFlight, concurrency)
+	}
+	// Round k is every id's k-th fetch.
+	for k := range 3 {
+		var last time.Time
+		for id, fs := range fetches {
+			if len(fs) != 3 {
+				t.Fatalf("%s fetched %d times, want 3 (once a round until complete)", id, len(fs))
+			}
+			if fs[k].end.After(last) {
+				last = fs[k].end
+			}
+		}
+		if k == 2 {
+			break
+		}
+		var next time.Time
+		for _, fs := range fetches {
+			if next.IsZero() || fs[k+1].start.Before(next) {
+				next = fs[k+1].start
+			}
+		}
+		if gap := next.Sub(last); gap < interval {
+			t.Errorf("round %d began %v after round %d's last answer, want at least FetchInterval %v", k+2, gap, k+1, interval)
+		}
 	}
 }
 
