@@ -53,9 +53,9 @@ type Config struct {
 	RejectCost time.Duration `env:"REJECT_COST" envDefault:"400us"`
 
 	// APIWorkers is the number of cores that answering requests may use at once (Core's
-	// web server threads); the rest always scan. Default 4: with unlimited polling the
-	// published benchmark's Core answered 51 polls a second on average, pauses between
-	// the client's rounds included.
+	// web server threads); the rest always scan. Default 4: unlimited polling takes 4
+	// cores while a fetch round lasts and none in the client's pauses, which stretches
+	// the published workload from 27 to about 41 minutes (bench/results).
 	APIWorkers int `env:"API_WORKERS" envDefault:"4"`
 	// RequestLatency is the virtual time every result poll, hash look-up and batch
 	// status spends outside the cores (network, TLS, Core's front end) before it is
