@@ -47,6 +47,9 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(logw, nil))
+	if unknown := envconf.Unknown(coresim.EnvPrefix, environ, envconf.Names[coresim.Config](coresim.EnvPrefix)); len(unknown) > 0 {
+		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	sim, err := coresim.New(cfg, reg)

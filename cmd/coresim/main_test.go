@@ -182,15 +182,20 @@ func TestRun(t *testing.T) {
 
 // TestRunNoAdmin checks that an empty CORESIM_ADMIN_ADDR serves no admin listener.
 func TestRunNoAdmin(t *testing.T) {
-	addrs, stop := startRun(t, map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": ""})
+	addrs, stop := startRun(t, map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "", "CORESIM_FETCH_WAITT": "0s"})
 	if addrs.admin != nil {
 		t.Errorf("admin address with CORESIM_ADMIN_ADDR empty = %v, want none", addrs.admin)
 	}
 	if code, _ := call(t, newClient(t), http.MethodGet, "http://"+addrs.api.String()+"/version", nil); code != http.StatusOK {
 		t.Errorf("GET /version = %d, want 200", code)
 	}
-	if _, err := stop(); err != nil {
+	logs, err := stop()
+	if err != nil {
 		t.Errorf("run after its context ended = %v, want nil", err)
+	}
+	// A misspelt variable is ignored, with a warning naming it.
+	if !strings.Contains(logs, "unknown variables ignored") || !strings.Contains(logs, "CORESIM_FETCH_WAITT") {
+		t.Errorf("logs with CORESIM_FETCH_WAITT set = %q, want a warning naming it", logs)
 	}
 }
 

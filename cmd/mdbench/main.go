@@ -23,6 +23,7 @@ import (
 
 	"github.com/mdproxy/mdproxy/bench"
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/envconf"
 )
 
 func main() {
@@ -97,8 +98,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 // run is mdbench with its flags in args and its environment in environ: the CORESIM_*
-// variables there configure the emulators it starts (Speedup and Tick excepted, which
-// follow --speedup).
+// variables there configure the emulators it starts, but for FETCH_LIMIT, which each
+// case sets, and SPEEDUP and TICK, which follow --speedup.
 func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -118,6 +119,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	simCfg, err := coresim.LoadConfig(environ)
 	if err != nil {
 		return usageError{err}
+	}
+	if unknown := envconf.Unknown(coresim.EnvPrefix, environ, envconf.Names[coresim.Config](coresim.EnvPrefix)); len(unknown) > 0 {
+		fmt.Fprintf(stderr, "mdbench: unknown variables ignored (misspelt?): %s\n", strings.Join(unknown, ", "))
+	}
+	if v, ok := environ[coresim.EnvPrefix+"FETCH_LIMIT"]; ok {
+		fmt.Fprintf(stderr, "mdbench: %sFETCH_LIMIT=%s ignored: each case sets Core's limit (Rate-N)\n", coresim.EnvPrefix, v)
 	}
 	simCfg.Speedup = 16
 	if o.quick {

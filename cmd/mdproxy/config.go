@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -163,23 +161,11 @@ func validListenAddr(a string) bool {
 // read, sorted: most likely misspelt limits, which would otherwise leave a route
 // unprotected without a word.
 func unknownVariables(environ map[string]string) []string {
-	known := map[string]bool{}
-	for _, f := range reflect.VisibleFields(reflect.TypeFor[Config]()) {
-		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" && name != "-" {
-			known[envPrefix+name] = true
-		}
-	}
+	known := envconf.Names[Config](envPrefix)
 	for _, route := range proxy.RouteNames() {
-		for _, f := range reflect.VisibleFields(reflect.TypeFor[limiter.Limit]()) {
-			known[limiter.VarName(envPrefix, route, f.Tag.Get("env"))] = true
+		for _, name := range envconf.Names[limiter.Limit]("") {
+			known = append(known, limiter.VarName(envPrefix, route, name))
 		}
 	}
-	var unknown []string
-	for k := range environ {
-		if strings.HasPrefix(k, envPrefix) && !known[k] {
-			unknown = append(unknown, k)
-		}
-	}
-	slices.Sort(unknown)
-	return unknown
+	return envconf.Unknown(envPrefix, environ, known)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,4 +79,29 @@ func EmptyWhenSet(environ map[string]string, prefix string, fields map[string]*s
 			*p = ""
 		}
 	}
+}
+
+// Names returns the variables that Parse reads for the struct type T: prefix + each
+// field's env tag, in field order.
+func Names[T any](prefix string) []string {
+	var names []string
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[T]()) {
+		if key, _, _ := strings.Cut(f.Tag.Get("env"), ","); key != "" && key != "-" {
+			names = append(names, prefix+key)
+		}
+	}
+	return names
+}
+
+// Unknown returns, sorted, the variables of environ that start with prefix but are not
+// in known: settings that would be ignored, most likely misspelt.
+func Unknown(prefix string, environ map[string]string, known []string) []string {
+	var unknown []string
+	for k := range environ {
+		if strings.HasPrefix(k, prefix) && !slices.Contains(known, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }

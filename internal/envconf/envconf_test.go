@@ -3,6 +3,7 @@ package envconf_test
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -190,5 +191,21 @@ func TestInvalidAndEmptyWhenSet(t *testing.T) {
 	envconf.EmptyWhenSet(env, "APP_", map[string]*string{"ADDR": &addr, "OTHER": &other})
 	if addr != "" || other != ":81" {
 		t.Errorf("EmptyWhenSet: addr %q, other %q; want the set-empty one emptied, the unset one kept", addr, other)
+	}
+}
+
+func TestNamesUnknown(t *testing.T) {
+	type conf struct {
+		Addr  string `env:"ADDR"`
+		Rate  int    `env:"RATE,notEmpty"`
+		Inner string `env:"-"`
+		Plain string
+	}
+	if got, want := envconf.Names[conf]("APP_"), []string{"APP_ADDR", "APP_RATE"}; !slices.Equal(got, want) {
+		t.Errorf("Names = %v, want %v", got, want)
+	}
+	environ := map[string]string{"APP_ADDR": ":1", "APP_RAET": "5", "APP_PLAIN": "x", "OTHER_RAET": "5", "APP_A": ""}
+	if got, want := envconf.Unknown("APP_", environ, envconf.Names[conf]("APP_")), []string{"APP_A", "APP_PLAIN", "APP_RAET"}; !slices.Equal(got, want) {
+		t.Errorf("Unknown = %v, want %v", got, want)
 	}
 }
