@@ -70,8 +70,8 @@ type Config struct {
 	// at once after a quiet spell. Default 5. OPSWAT documents neither the burst nor
 	// the wait; the defaults reproduce the published accepted fetch rates.
 	FetchBurst int `env:"FETCH_BURST" envDefault:"5"`
-	// FetchWait is how long a fetch over FetchLimit may wait for its turn: within it,
-	// the fetch is held (no core, no worker) and then served at the limit's pace, as a
+	// FetchWait is how long (virtual) a fetch over FetchLimit may wait for its turn:
+	// within it, the fetch is held (no core, no worker), then served at the limit's pace, as a
 	// leaky bucket with a queue does (nginx's limit_req without nodelay); a fetch that
 	// would wait longer is refused at once. Default 2s, two seconds' worth of fetches
 	// held at most; 0 refuses every fetch over the limit at once (a plain token
