@@ -228,18 +228,12 @@ func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) boo
 	allowed := false
 	var turn time.Duration // virtual instant at which an allowed fetch may go on
 	admitted := s.model.Admit(coreSeconds(s.cfg.RejectCost), func(at time.Duration) Work {
-		if s.fetch == nil {
-			allowed = true
-			return work
+		delay, ok := s.fetch.ReserveAt(s.epoch.Add(at))
+		if !ok {
+			return WorkReject
 		}
-		now := s.epoch.Add(at)
-		res := s.fetch.ReserveN(now, 1)
-		if delay := res.DelayFrom(now); res.OK() && delay <= s.cfg.FetchWait {
-			allowed, turn = true, at+delay
-			return work
-		}
-		res.CancelAt(now)
-		return WorkReject
+		allowed, turn = true, at+delay
+		return work
 	})
 	select {
 	case <-admitted:

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
+
+	"github.com/mdproxy/mdproxy/limiter"
 )
 
 // Sim is the emulator: Core's API (Handler) over the resource model (Model), a store of
@@ -27,7 +28,7 @@ type Sim struct {
 	sessions map[string]bool
 	done     []*scan // completed, in order, for retention
 
-	fetch *rate.Limiter // Core's own limit, in virtual time; nil when off
+	fetch *limiter.Bucket // Core's own limit, in virtual time; nil when off
 
 	m  *simMetrics
 	cb *callbacks
@@ -77,7 +78,12 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	s.model = NewModel(cfg.Cores, s.scanDone)
 	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
-		s.fetch = rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst)
+		// The same token bucket as mdproxy's, fed virtual instants (ReserveAt).
+		fetch, err := limiter.NewBucket(limiter.Limit{Rate: cfg.FetchLimit, Burst: cfg.FetchBurst, MaxWait: cfg.FetchWait}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("coresim: Core's limit: %w", err)
+		}
+		s.fetch = fetch
 	}
 	s.m = newSimMetrics(reg, s)
 	s.cb = newCallbacks(s)

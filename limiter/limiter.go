@@ -226,6 +226,25 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 	}
 }
 
+// ReserveAt takes a token of the global bucket for a request arriving at now when one
+// is free within MaxWait, and returns how long the request must wait for it (0: at
+// once). Otherwise it takes nothing and returns ok false. It ignores the per-client
+// share and does not wait: it serves callers with a clock of their own, such as the
+// emulator's virtual time. A nil bucket or one without a rate allows every request.
+// Safe for concurrent use.
+func (b *Bucket) ReserveAt(now time.Time) (delay time.Duration, ok bool) {
+	if b == nil || b.global == nil {
+		return 0, true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if delay = b.delayAt(now); delay > b.limit.MaxWait {
+		return delay, false
+	}
+	b.global.ReserveN(now, 1)
+	return delay, true
+}
+
 // delayAt is how long a request arriving at now waits for a token of the global bucket.
 // The caller holds b.mu.
 func (b *Bucket) delayAt(now time.Time) time.Duration {

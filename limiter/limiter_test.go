@@ -839,3 +839,30 @@ func TestOutcomeString(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveAt checks the clock-free reservation the emulator uses: at 2/s with a
+// burst of 1 and MaxWait 1 s, requests arriving together get turns 0, 0.5 s and 1 s
+// later; the next would wait 1.5 s and takes nothing, so that a request half a second
+// later gets the turn at 1.5 s.
+func TestReserveAt(t *testing.T) {
+	b, err := limiter.NewBucket(limiter.Limit{Rate: 2, Burst: 1, MaxWait: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	for i, want := range []time.Duration{0, 500 * time.Millisecond, time.Second} {
+		if d, ok := b.ReserveAt(t0); !ok || d != want {
+			t.Errorf("request %d at t0: ReserveAt = %v, %t, want %v, true", i+1, d, ok, want)
+		}
+	}
+	if d, ok := b.ReserveAt(t0); ok || d != 1500*time.Millisecond {
+		t.Errorf("request 4 at t0: ReserveAt = %v, %t, want 1.5s, false", d, ok)
+	}
+	if d, ok := b.ReserveAt(t0.Add(500 * time.Millisecond)); !ok || d != time.Second {
+		t.Errorf("request at t0+0.5s: ReserveAt = %v, %t, want 1s (the refusal took nothing), true", d, ok)
+	}
+	var none *limiter.Bucket
+	if d, ok := none.ReserveAt(t0); !ok || d != 0 {
+		t.Errorf("nil bucket: ReserveAt = %v, %t, want 0, true", d, ok)
+	}
+}
