@@ -44,9 +44,21 @@ type Config struct {
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s"`
 	// IdleTimeout closes a client's kept-alive connection idle that long. Default 120s.
 	IdleTimeout time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s"`
+	// BodyIdleTimeout bounds how long a request or response body may make no progress,
+	// in either direction: a client that stops sending its upload or stops reading its
+	// answer, or Core that stops reading an upload or stops sending an answer. The
+	// exchange is then cut and counted. Default 60s.
+	BodyIdleTimeout time.Duration `env:"BODY_IDLE_TIMEOUT" envDefault:"60s"`
+	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the proxy
+	// keeps serving, so that load balancers stop sending before the listener closes.
+	// Default 5s; 0 closes the listener at once.
+	ShutdownDelay time.Duration `env:"SHUTDOWN_DELAY" envDefault:"5s"`
 	// ShutdownTimeout is how long in-flight requests, uploads included, may run after
-	// SIGTERM before they are cut. Default 30s; 0 cuts them at once.
+	// the listener closed before they are cut. Default 30s; 0 cuts them at once.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	// ClientKeysMax is the most client keys that each route's per-client share tracks
+	// at once. Default 100000.
+	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 
@@ -133,6 +145,7 @@ func (c *Config) validate(environ map[string]string) error {
 	for name, d := range map[string]time.Duration{
 		"UPSTREAM_TIMEOUT": c.UpstreamTimeout, "UPSTREAM_DIAL_TIMEOUT": c.DialTimeout,
 		"READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "IDLE_TIMEOUT": c.IdleTimeout,
+		"BODY_IDLE_TIMEOUT": c.BodyIdleTimeout,
 	} {
 		if d <= 0 {
 			return bad(name, "want a duration above 0 with its unit (e.g. 10s)")

@@ -22,7 +22,7 @@ import (
 // TestMain fails the package when a test leaves a goroutine behind: a server, a
 // connection or a paced reader that was not stopped.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeSharedBinary() }))
 }
 
 // buildBinary builds mdproxy into a temporary directory with the go command of the
