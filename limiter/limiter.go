@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -111,6 +112,17 @@ type Bucket struct {
 	mu     sync.Mutex
 	global *rate.Limiter         // nil when Rate == 0
 	client *httprate.RateLimiter // nil when ClientLimit == 0
+	// waiting holds the requests waiting for their token, in the order of their
+	// reservations: the slot of one that leaves is handed to those behind it.
+	waiting []*waiter
+}
+
+// waiter is a request of Acquire waiting for its turn. Its fields are guarded by the
+// bucket's mu; moved tells it that at changed.
+type waiter struct {
+	res   *rate.Reservation
+	at    time.Time // its turn, on the bucket's clock
+	moved chan struct{}
 }
 
 // NewBucket returns the bucket for l. now is the clock of the global bucket (nil means
@@ -206,25 +218,76 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 		}
 		return Decision{Outcome: RejectedClient, RetryAfter: window}
 	}
-	var res *rate.Reservation
-	if b.global != nil {
-		res = b.global.ReserveN(now, 1)
-	}
-	b.mu.Unlock()
-	if delay <= 0 {
+	if b.global == nil {
+		b.mu.Unlock()
 		return Decision{Outcome: Allowed}
 	}
+	res := b.global.ReserveN(now, 1)
+	if delay <= 0 {
+		b.mu.Unlock()
+		return Decision{Outcome: Allowed}
+	}
+	w := &waiter{res: res, at: now.Add(delay), moved: make(chan struct{}, 1)}
+	b.waiting = append(b.waiting, w)
+	b.mu.Unlock()
+	return b.wait(ctx, w, now, delay)
+}
+
+// wait holds w until its turn or until ctx ends. A request leaving the queue early
+// would, with x/time/rate alone, give back no token while later reservations exist
+// (golang/go#56924): the route would lose that slot, and Core receive less than the
+// configured rate. So the requests behind it move up one turn each, and it is the
+// last reservation, whose token x/time/rate restores in full, that is canceled.
+func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time, delay time.Duration) Decision {
 	t := time.NewTimer(delay)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return Decision{Outcome: Delayed, Waited: delay}
-	case <-ctx.Done():
-		// x/time/rate gives back as much of the token as later reservations allow.
-		res.CancelAt(b.now())
-		return Decision{Outcome: Canceled, Waited: b.now().Sub(now)}
+	for {
+		select {
+		case <-t.C:
+			b.mu.Lock()
+			b.leave(w, false, time.Time{})
+			b.mu.Unlock()
+			return Decision{Outcome: Delayed, Waited: w.at.Sub(start)}
+		case <-w.moved:
+			b.mu.Lock()
+			at := w.at
+			b.mu.Unlock()
+			t.Reset(at.Sub(b.now()))
+		case <-ctx.Done():
+			b.mu.Lock()
+			now := b.now()
+			b.leave(w, true, now)
+			b.mu.Unlock()
+			return Decision{Outcome: Canceled, Waited: now.Sub(start)}
+		}
 	}
 }
+
+// leave removes w from the queue. When w gives up its turn (canceled), each request
+// behind it takes the turn and reservation of the one before it, and the last
+// reservation is canceled at now. The caller holds b.mu.
+func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
+	i := slices.Index(b.waiting, w)
+	if i < 0 {
+		return
+	}
+	last, lastAt := w.res, w.at
+	if canceled {
+		for _, next := range b.waiting[i+1:] {
+			next.res, last = last, next.res
+			next.at, lastAt = lastAt, next.at
+			select {
+			case next.moved <- struct{}{}:
+			default:
+			}
+		}
+	}
+	b.waiting = slices.Delete(b.waiting, i, i+1)
+	if canceled {
+		last.CancelAt(now)
+	}
+}
+
 
 // ReserveAt takes a token of the global bucket for a request arriving at now when one
 // is free within MaxWait, and returns how long the request must wait for it (0: at
