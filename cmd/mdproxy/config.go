@@ -57,7 +57,9 @@ type Config struct {
 	// the listener closed before they are cut. Default 30s; 0 cuts them at once.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 	// ClientKeysMax is the most client keys that each route's per-client share tracks
-	// at once. Default 100000.
+	// at once; idle keys are freed after a window. Beyond it, a new key's requests skip
+	// the per-client check (the route's bucket still applies), counted and logged.
+	// Default 100000; must be above 0.
 	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
@@ -151,8 +153,14 @@ func (c *Config) validate(environ map[string]string) error {
 			return bad(name, "want a duration above 0 with its unit (e.g. 10s)")
 		}
 	}
+	if c.ShutdownDelay < 0 {
+		return bad("SHUTDOWN_DELAY", "want a duration >= 0 with its unit (e.g. 5s)")
+	}
 	if c.ShutdownTimeout < 0 {
 		return bad("SHUTDOWN_TIMEOUT", "want a duration >= 0 with its unit (e.g. 30s)")
+	}
+	if c.ClientKeysMax <= 0 {
+		return bad("CLIENT_KEYS_MAX", "want a whole number of client keys per route, 1 or more (e.g. 100000)")
 	}
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return bad("LOG_LEVEL", "want debug, info, warn or error")

@@ -64,6 +64,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"DialTimeout", c.DialTimeout, 5 * time.Second},
 		{"ReadHeaderTimeout", c.ReadHeaderTimeout, 10 * time.Second},
 		{"IdleTimeout", c.IdleTimeout, 120 * time.Second},
+		{"ShutdownDelay", c.ShutdownDelay, 5 * time.Second},
 		{"ShutdownTimeout", c.ShutdownTimeout, 30 * time.Second},
 		{"LogLevel", c.LogLevel, "info"},
 		{"level", c.level, slog.LevelInfo},
@@ -142,6 +143,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 	for _, v := range []string{"-1s", "x", "30"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_TIMEOUT", v))
 	}
+	for _, v := range []string{"-1s", "-1ns", "x", "5"} {
+		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
+	}
 	routes := proxy.RouteNames()
 	if len(routes) < 2 || !slices.Contains(routes, "file_result") || !slices.Contains(routes, proxy.RouteOther) {
 		t.Fatalf("proxy.RouteNames() = %v, want file_result, ..., other", routes)
@@ -196,6 +200,7 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"MDPROXY_READ_HEADER_TIMEOUT":   "3s",
 		"MDPROXY_IDLE_TIMEOUT":          "4m",
 		"MDPROXY_SHUTDOWN_TIMEOUT":      "0s", // 0 cuts in-flight requests at once: allowed
+		"MDPROXY_SHUTDOWN_DELAY":        "0s", // 0 closes the listener at once: allowed
 		"MDPROXY_LOG_LEVEL":             "debug",
 
 		"MDPROXY_FILE_RESULT_RATE":          "0.5",
@@ -225,6 +230,7 @@ func TestLoadConfigValidValues(t *testing.T) {
 		{"ReadHeaderTimeout", c.ReadHeaderTimeout, 3 * time.Second},
 		{"IdleTimeout", c.IdleTimeout, 4 * time.Minute},
 		{"ShutdownTimeout", c.ShutdownTimeout, time.Duration(0)},
+		{"ShutdownDelay", c.ShutdownDelay, time.Duration(0)},
 		{"level", c.level, slog.LevelDebug},
 		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
 	} {
@@ -335,6 +341,50 @@ func TestListenAddressValidated(t *testing.T) {
 		var ce *configError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "MDPROXY_LISTEN_ADDR") {
 			t.Errorf("loadConfig(MDPROXY_LISTEN_ADDR=%q) = %v, want a configError naming it", v, err)
+		}
+	}
+}
+
+// TestLoadConfigClientKeysMax checks MDPROXY_CLIENT_KEYS_MAX: its default, a valid
+// value, and the rejection of what is not a count of keys above 0, naming the variable,
+// the value and the range.
+func TestLoadConfigClientKeysMax(t *testing.T) {
+	const name = "MDPROXY_CLIENT_KEYS_MAX"
+	for _, tc := range []struct {
+		value string // "" leaves the variable unset
+		want  int
+	}{
+		{"", 100000},
+		{"1", 1},
+		{"2500", 2500},
+	} {
+		env := map[string]string{}
+		if tc.value != "" {
+			env[name] = tc.value
+		}
+		c, err := loadConfig(env)
+		if err != nil {
+			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			continue
+		}
+		if c.ClientKeysMax != tc.want {
+			t.Errorf("loadConfig(%v).ClientKeysMax = %d, want %d", env, c.ClientKeysMax, tc.want)
+		}
+	}
+	for _, v := range []string{"0", "-1", "x", "1.5", "1e5"} {
+		env := map[string]string{name: v}
+		_, err := loadConfig(env)
+		var ce *configError
+		if !errors.As(err, &ce) {
+			t.Errorf("loadConfig(%v) error = %v (%T), want a *configError", env, err, err)
+			continue
+		}
+		msg := err.Error()
+		if !namesVar(msg, name) || !strings.Contains(msg, strconv.Quote(v)) || !strings.Contains(msg, "want") {
+			t.Errorf("loadConfig(%v) error = %q, want it to name %s, quote %q and say what it accepts", env, msg, name, v)
+		}
+		if n, convErr := strconv.Atoi(v); convErr == nil && n <= 0 && !strings.Contains(msg, "1 or more") {
+			t.Errorf("loadConfig(%v) error = %q, want it to give the range (1 or more)", env, msg)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/go-chi/chi/v5"
@@ -30,7 +31,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
 	defer stop()
 	if err := run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "mdproxy:", err)
@@ -41,9 +42,13 @@ func main() {
 	}
 }
 
-// run serves until ctx ends, then shuts down gracefully. Logs go to logw as JSON. When
-// started is not nil it is called with the proxy's and the admin listener's addresses
-// once both listen.
+// run serves until ctx ends (main ends it on SIGTERM or SIGINT), then shuts down
+// gracefully in three phases: the admin /readyz answers 503 at once while the proxy
+// keeps serving for MDPROXY_SHUTDOWN_DELAY, so that load balancers stop sending before
+// anything is refused (a second signal skips the rest of the delay); then the proxy's
+// listener closes and in-flight requests may finish for up to MDPROXY_SHUTDOWN_TIMEOUT;
+// then run returns. Logs go to logw as JSON, one line a phase. When started is not nil
+// it is called with the proxy's and the admin listener's addresses once both listen.
 func run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr)) error {
 	cfg, err := loadConfig(environ)
 	if err != nil {
@@ -119,8 +124,27 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	case <-ctx.Done():
 	case serveErr = <-errc:
 	}
+	// Not ready first, and keep serving while load balancers notice (issue 9): closing
+	// the listener at once would refuse the requests they still send.
+	delay := serveErr == nil && cfg.ShutdownDelay > 0
+	var hurry chan os.Signal
+	if delay {
+		// Listened for before /readyz changes, so that no second signal is missed.
+		hurry = make(chan os.Signal, 1)
+		signal.Notify(hurry, shutdownSignals...)
+		defer signal.Stop(hurry)
+	}
 	stopping.Store(true)
-	log.Info("mdproxy shutting down", "timeout", cfg.ShutdownTimeout.String())
+	log.Info("mdproxy shutting down: /readyz answers 503", "delay", cfg.ShutdownDelay.String(),
+		"timeout", cfg.ShutdownTimeout.String())
+	if delay {
+		// Each connection is closed after its response, so clients reconnect, through
+		// load balancers that meanwhile stop choosing this replica.
+		srv.SetKeepAlivesEnabled(false)
+		serveErr = shutdownDelay(cfg.ShutdownDelay, hurry, errc, log)
+	}
+	log.Info("mdproxy draining: closing the listener, in-flight requests finishing",
+		"timeout", cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	shutErr := srv.Shutdown(sctx)
@@ -139,6 +163,31 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	return nil
 }
 
+// shutdownSignals are the signals that shut mdproxy down: main ends run's context on the
+// first; a second one during MDPROXY_SHUTDOWN_DELAY skips the rest of the delay.
+var shutdownSignals = []os.Signal{syscall.SIGTERM, os.Interrupt}
+
+// shutdownDelay waits for d (MDPROXY_SHUTDOWN_DELAY) while the proxy keeps serving, and
+// returns nil then. A signal on hurry (a second SIGTERM or SIGINT: an operator or an
+// orchestrator in a hurry) ends the wait early and returns nil: the drain that follows
+// is still bounded by MDPROXY_SHUTDOWN_TIMEOUT, and SIGKILL cuts everything. A server
+// that fails meanwhile (an error on errc) ends it too, and its error is returned.
+func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, log *slog.Logger) error {
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case sig := <-hurry:
+		log.Info("mdproxy shutdown delay cut short by a second signal", "signal", sig.String(),
+			"skipped", (d - time.Since(start)).Round(time.Millisecond).String())
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
 // newServer returns the proxy's server. It sets no ReadTimeout nor WriteTimeout: they
 // would cut a slow upload of hundreds of MiB or a long sanitized download. Slow clients
 // are bounded by ReadHeaderTimeout and IdleTimeout instead.
@@ -152,7 +201,8 @@ func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
 }
 
 // adminHandler serves /metrics from reg, /healthz (200 while the process runs) and
-// /readyz (200 until shutdown starts, then 503, so a load balancer stops sending).
+// /readyz (200 until shutdown starts, then 503 while the proxy still serves for
+// MDPROXY_SHUTDOWN_DELAY, so a load balancer stops sending before the listener closes).
 func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool) http.Handler {
 	r := chi.NewRouter()
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

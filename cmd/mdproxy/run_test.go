@@ -172,14 +172,16 @@ type instance struct {
 	err  error
 }
 
-// startRun starts run with env plus loopback listen addresses and, when upstreamURL is
-// not empty, MDPROXY_UPSTREAM_URL; it returns once both listeners serve. Cleanup stops
-// it.
+// startRun starts run with env plus loopback listen addresses, no shutdown delay
+// (unless env sets MDPROXY_SHUTDOWN_DELAY: only the tests of the delay want it) and,
+// when upstreamURL is not empty, MDPROXY_UPSTREAM_URL; it returns once both listeners
+// serve. Cleanup stops it.
 func startRun(t *testing.T, upstreamURL string, env map[string]string) *instance {
 	t.Helper()
 	environ := map[string]string{
-		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0",
-		"MDPROXY_ADMIN_ADDR":  "127.0.0.1:0",
+		"MDPROXY_LISTEN_ADDR":    "127.0.0.1:0",
+		"MDPROXY_ADMIN_ADDR":     "127.0.0.1:0",
+		"MDPROXY_SHUTDOWN_DELAY": "0s",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL
