@@ -35,7 +35,8 @@ type Limit struct {
 	MaxWait time.Duration `env:"MAX_WAIT"`
 	// ClientLimit is each client's share of the route: at most ClientLimit requests per
 	// ClientWindow per client key (sliding window, go-chi/httprate). 0 turns the
-	// per-client share off.
+	// per-client share off. The keys tracked are bounded and freed when idle: see
+	// Bucket.
 	ClientLimit int `env:"CLIENT_LIMIT"`
 	// ClientWindow is the window of ClientLimit. Zero is read as one second.
 	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
@@ -103,6 +104,18 @@ func (d Decision) RetryAfterSeconds() int {
 
 // Bucket is the budget of one route: a global token bucket and an optional per-client
 // share. A nil *Bucket allows everything. A Bucket is safe for concurrent use.
+//
+// The per-client share tracks at most a bound of client keys at once
+// (WithClientKeysMax, DefaultClientKeysMax by default; about 40 bytes a key). A key is
+// freed once idle, when its requests no longer weigh in the sliding window (no request
+// for one full window): a timer sweeps the idle keys every window (at least every
+// second) while keys are tracked, and stops when none is, so that memory returns to its
+// baseline without waiting for a request. While the bound is reached, a request of a
+// new key passes the per-client check untracked: the route's global bucket, which
+// protects Core, still decides for it, whereas refusing it would let a flood of
+// made-up keys lock out every client that arrives after it. Such requests are counted
+// (ClientKeys) and logged at most once a sweep (WithLogger). Keys already tracked keep
+// their share.
 type Bucket struct {
 	limit Limit
 	now   func() time.Time
@@ -112,6 +125,8 @@ type Bucket struct {
 	mu     sync.Mutex
 	global *rate.Limiter         // nil when Rate == 0
 	client *httprate.RateLimiter // nil when ClientLimit == 0
+	// clients is client's counter of requests per key; nil when ClientLimit == 0.
+	clients *clientCounter
 	// waiting holds the requests waiting for their token, in the order of their
 	// reservations: the slot of one that leaves is handed to those behind it.
 	waiting []*waiter
@@ -127,11 +142,13 @@ type waiter struct {
 
 // NewBucket returns the bucket for l. now is the clock of the global bucket (nil means
 // time.Now); tests pass a fake clock. The per-client share always uses the real clock
-// (httprate has no clock to inject). It returns an error when l is not valid.
-func NewBucket(l Limit, now func() time.Time) (*Bucket, error) {
+// (httprate has no clock to inject). opts bound and log the per-client share. It
+// returns an error when l is not valid.
+func NewBucket(l Limit, now func() time.Time, opts ...Option) (*Bucket, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
+	o := newOptions(opts)
 	if now == nil {
 		now = time.Now
 	}
@@ -148,11 +165,26 @@ func NewBucket(l Limit, now func() time.Time) (*Bucket, error) {
 		if window == 0 {
 			window = time.Second
 		}
-		// No response headers: the proxy writes its own Retry-After.
+		// No response headers: the proxy writes its own Retry-After. httprate's own
+		// counter is unbounded and keeps its maps' size after clearing them.
+		b.clients = newClientCounter(window, o.clientKeysMax, o.logger)
 		b.client = httprate.NewRateLimiter(l.ClientLimit, window,
-			httprate.WithResponseHeaders(httprate.ResponseHeaders{}))
+			httprate.WithResponseHeaders(httprate.ResponseHeaders{}),
+			httprate.WithLimitCounter(b.clients))
 	}
 	return b, nil
+}
+
+// ClientKeys returns the client keys the per-client share tracks now (idle ones
+// included until the next sweep) and the requests it let through untracked since the
+// bucket was built, because the bound of keys was reached. ok is false when the bucket
+// has no per-client share (or is nil). Safe for concurrent use.
+func (b *Bucket) ClientKeys() (tracked int, untracked uint64, ok bool) {
+	if b == nil || b.clients == nil {
+		return 0, 0, false
+	}
+	tracked, untracked = b.clients.stats()
+	return tracked, untracked, true
 }
 
 func (l Limit) validate() error {
@@ -333,8 +365,10 @@ type Set struct {
 }
 
 // NewSet builds one bucket per entry of limits (route name to Limit), all on the clock
-// now (nil means time.Now). It returns the first invalid limit's error, naming its route.
-func NewSet(limits map[string]Limit, now func() time.Time) (*Set, error) {
+// now (nil means time.Now), with opts (each bucket's logger gets a route attribute).
+// It returns the first invalid limit's error, naming its route.
+func NewSet(limits map[string]Limit, now func() time.Time, opts ...Option) (*Set, error) {
+	o := newOptions(opts)
 	s := &Set{buckets: make(map[string]*Bucket, len(limits))}
 	for route, l := range limits {
 		// Validate before skipping unlimited limits: Rate 0 with Burst -1 is invalid too.
@@ -344,7 +378,8 @@ func NewSet(limits map[string]Limit, now func() time.Time) (*Set, error) {
 		if l.Unlimited() {
 			continue
 		}
-		b, err := NewBucket(l, now)
+		routeOpts := append(slices.Clip(opts), WithLogger(o.logger.With("route", route)))
+		b, err := NewBucket(l, now, routeOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("route %s: %w", route, err)
 		}
@@ -359,4 +394,19 @@ func (s *Set) Bucket(route string) *Bucket {
 		return nil
 	}
 	return s.buckets[route]
+}
+
+// ClientKeys calls f once for each route with a per-client share, in no set order,
+// with what Bucket.ClientKeys returns: the client keys tracked now and the requests
+// let through untracked since the start. It serves metrics at scrape time. Safe for
+// concurrent use.
+func (s *Set) ClientKeys(f func(route string, tracked int, untracked uint64)) {
+	if s == nil {
+		return
+	}
+	for route, b := range s.buckets {
+		if tracked, untracked, ok := b.ClientKeys(); ok {
+			f(route, tracked, untracked)
+		}
+	}
 }

@@ -46,6 +46,12 @@ const (
 	KindOther    = "other"    // any other transport error (DNS, TLS...)
 )
 
+// Peers of an exchange, the values of the peer label of BodyTimeouts.
+const (
+	PeerClient = "client" // the client stopped sending its request body or reading its answer
+	PeerCore   = "core"   // Core stopped reading the request or sending its answer
+)
+
 // Metrics is the set of collectors the proxy updates. Its fields are safe for
 // concurrent use, as every client_golang collector is.
 type Metrics struct {
@@ -66,6 +72,10 @@ type Metrics struct {
 	UpstreamResponses *prometheus.CounterVec
 	// UpstreamErrors counts failed upstream round trips by route and kind.
 	UpstreamErrors *prometheus.CounterVec
+	// BodyTimeouts counts exchanges cut because a body made no progress for the body
+	// idle timeout, by route and peer (client or core). Its series are created on
+	// first use.
+	BodyTimeouts *prometheus.CounterVec
 	// InFlight is the number of requests being served, by route.
 	InFlight *prometheus.GaugeVec
 	// RequestBytes counts request body bytes read from clients, by route.
@@ -116,6 +126,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "upstream_errors_total",
 			Help: "Failed round trips to Core by route and kind (refused, reset, timeout, canceled, other).",
 		}, []string{"route", "kind"}),
+		BodyTimeouts: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "body_timeouts_total",
+			Help: "Exchanges cut because a request or response body made no progress for the body idle timeout, by route and peer (client, core).",
+		}, []string{"route", "peer"}),
 		InFlight: f.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "in_flight_requests",
 			Help: "Requests being served, waiting for a token included, by route.",
@@ -152,6 +166,47 @@ func New(reg prometheus.Registerer) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// ClientKeysReporter is what RegisterClientKeys reads at each scrape; *limiter.Set is
+// one.
+type ClientKeysReporter interface {
+	// ClientKeys calls f once for each route with a per-client share: the client keys
+	// it tracks now and the requests it let through untracked, without a per-client
+	// check, since the start because it tracked as many keys as allowed.
+	ClientKeys(f func(route string, tracked int, untracked uint64))
+}
+
+// RegisterClientKeys registers on reg mdproxy_limiter_client_keys (gauge) and
+// mdproxy_limiter_client_untracked_requests_total (counter), by route, read from r at
+// each scrape, so that they show keys freed while no request arrives. Routes without a
+// per-client share have no series. It panics if they are already registered on reg.
+func RegisterClientKeys(reg prometheus.Registerer, r ClientKeysReporter) {
+	reg.MustRegister(clientKeysCollector{r})
+}
+
+var (
+	clientKeysDesc = prometheus.NewDesc(Namespace+"_limiter_client_keys",
+		"Client keys (apikeys or addresses) tracked by the route's per-client share, idle ones until the next sweep; at most MDPROXY_CLIENT_KEYS_MAX.",
+		[]string{"route"}, nil)
+	clientUntrackedDesc = prometheus.NewDesc(Namespace+"_limiter_client_untracked_requests_total",
+		"Requests of new client keys let through without a per-client check because the route's share tracked MDPROXY_CLIENT_KEYS_MAX keys; the route's bucket still applied.",
+		[]string{"route"}, nil)
+)
+
+// clientKeysCollector reads a ClientKeysReporter at scrape time.
+type clientKeysCollector struct{ r ClientKeysReporter }
+
+func (c clientKeysCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- clientKeysDesc
+	ch <- clientUntrackedDesc
+}
+
+func (c clientKeysCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.ClientKeys(func(route string, tracked int, untracked uint64) {
+		ch <- prometheus.MustNewConstMetric(clientKeysDesc, prometheus.GaugeValue, float64(tracked), route)
+		ch <- prometheus.MustNewConstMetric(clientUntrackedDesc, prometheus.CounterValue, float64(untracked), route)
+	})
 }
 
 // Version, when set at link time (-ldflags "-X

@@ -58,10 +58,12 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	limits, err := limiter.NewSet(cfg.Limits, nil)
+	limits, err := limiter.NewSet(cfg.Limits, nil,
+		limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log))
 	if err != nil {
 		return &configError{err}
 	}
+	metrics.RegisterClientKeys(reg, limits)
 	h, err := proxy.New(proxy.Options{
 		Upstream: cfg.upstream,
 		Transport: proxy.NewTransport(proxy.TransportOptions{

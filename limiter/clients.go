@@ -1,0 +1,233 @@
+package limiter
+
+import (
+	"hash/maphash"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/go-chi/httprate"
+)
+
+// DefaultClientKeysMax is the number of client keys each per-client share tracks at
+// once when no WithClientKeysMax option says otherwise: the default of mdproxy's
+// MDPROXY_CLIENT_KEYS_MAX. At about 40 bytes a key, it bounds a share to a few MiB.
+const DefaultClientKeysMax = 100_000
+
+// minSweepEvery is the shortest period of the sweep of idle client keys: a client window
+// of a few milliseconds must not make the sweep run that often.
+const minSweepEvery = time.Second
+
+// Option tunes NewBucket and NewSet.
+type Option func(*options)
+
+type options struct {
+	clientKeysMax int
+	logger        *slog.Logger
+}
+
+func newOptions(opts []Option) options {
+	o := options{clientKeysMax: DefaultClientKeysMax}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// WithClientKeysMax bounds the client keys that each per-client share tracks at once to
+// n (see Bucket for what a key beyond the bound gets). n <= 0 keeps
+// DefaultClientKeysMax.
+func WithClientKeysMax(n int) Option {
+	return func(o *options) {
+		if n > 0 {
+			o.clientKeysMax = n
+		}
+	}
+}
+
+// WithLogger is where a per-client share warns that it reached its bound of client keys,
+// at most once per sweep (once a client window, and at most once a second). NewSet adds
+// the route's name to it. nil, the default, discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// clientCounter is the httprate.LimitCounter of one per-client share. It holds, for each
+// client key, the request counts of the key's last two windows, in one map keyed by a
+// seeded hash of the key (the key itself is not kept). The map holds at most max keys;
+// a key beyond them is not tracked (Get answers 0, IncrementBy counts the request as
+// untracked), so that the route's global bucket alone decides for it.
+//
+// Idle keys, whose counts no longer weigh in the sliding window (last request more than
+// one full window ago), are freed by a sweep that a time.AfterFunc timer runs every
+// sweepEvery while the map holds keys, and never otherwise: an idle share holds no timer
+// and no goroutine. The sweep builds a new map of the live keys rather than deleting
+// from the old one, since a Go map never shrinks.
+//
+// The windows are those httprate passes (the wall clock truncated to the window); the
+// sweep reads the clock now, time.Now as httprate does. A clientCounter is safe for
+// concurrent use.
+type clientCounter struct {
+	window     time.Duration
+	max        int
+	sweepEvery time.Duration
+	seed       maphash.Seed
+	now        func() time.Time
+	log        *slog.Logger
+
+	mu        sync.Mutex
+	keys      map[uint64]clientCount // nil when empty
+	timer     *time.Timer            // the pending sweep; nil when keys is empty
+	untracked uint64                 // requests of keys beyond max, since the start
+	warned    uint64                 // untracked when the last warning was logged
+}
+
+var _ httprate.LimitCounter = (*clientCounter)(nil)
+
+// clientCount is one key's requests in the window starting at start (UnixNano) and in
+// the window before it. Counts saturate at math.MaxInt32.
+type clientCount struct {
+	start     int64
+	cur, prev int32
+}
+
+// newClientCounter returns an empty counter for windows of window, tracking at most
+// keysMax keys, warning on log.
+func newClientCounter(window time.Duration, keysMax int, log *slog.Logger) *clientCounter {
+	return &clientCounter{
+		window:     window,
+		max:        keysMax,
+		sweepEvery: max(window, minSweepEvery),
+		seed:       maphash.MakeSeed(),
+		now:        time.Now,
+		log:        log,
+	}
+}
+
+// Config is called by httprate.NewRateLimiter with the share's limit and window; the
+// counter was built with the same window and keeps it.
+func (c *clientCounter) Config(requestLimit int, windowLength time.Duration) {}
+
+// Increment counts one request of key in currentWindow.
+func (c *clientCounter) Increment(key string, currentWindow time.Time) error {
+	return c.IncrementBy(key, currentWindow, 1)
+}
+
+// IncrementBy counts amount requests of key in currentWindow. A key not yet tracked
+// while max keys are is not added: the request is counted as untracked. It never
+// returns an error.
+func (c *clientCounter) IncrementBy(key string, currentWindow time.Time, amount int) error {
+	h := maphash.String(c.seed, key)
+	start := currentWindow.UnixNano()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.keys[h]
+	if !ok {
+		if len(c.keys) >= c.max {
+			c.untracked++
+			return nil
+		}
+		if c.keys == nil {
+			c.keys = make(map[uint64]clientCount)
+		}
+		if c.timer == nil {
+			c.timer = time.AfterFunc(c.sweepEvery, c.sweepNow)
+		}
+	}
+	e = e.rolled(start, c.window)
+	e.cur = int32(min(int64(e.cur)+int64(amount), math.MaxInt32))
+	c.keys[h] = e
+	return nil
+}
+
+// Get returns key's requests in currentWindow and in previousWindow; 0, 0 for a key
+// not tracked. It never returns an error.
+func (c *clientCounter) Get(key string, currentWindow, previousWindow time.Time) (int, int, error) {
+	h := maphash.String(c.seed, key)
+	c.mu.Lock()
+	e, ok := c.keys[h]
+	c.mu.Unlock()
+	if !ok {
+		return 0, 0, nil
+	}
+	switch start := e.start; start {
+	case currentWindow.UnixNano():
+		return int(e.cur), int(e.prev), nil
+	case previousWindow.UnixNano():
+		return 0, int(e.cur), nil
+	}
+	return 0, 0, nil
+}
+
+// rolled returns e moved to the window starting at start: its counts unchanged when it
+// is already there, its current count as the previous one when start is the next
+// window, and nothing counted when e is older than that.
+func (e clientCount) rolled(start int64, window time.Duration) clientCount {
+	switch e.start {
+	case start:
+		return e
+	case start - int64(window):
+		return clientCount{start: start, prev: e.cur}
+	}
+	return clientCount{start: start}
+}
+
+// sweepNow is the timer's function.
+func (c *clientCounter) sweepNow() { c.sweep(c.now()) }
+
+// sweep frees the keys idle at now: those whose last window started before the window
+// preceding now's, whose requests no longer count. When some are idle it replaces the
+// map by one holding only the live keys (nil when none is). It schedules the next sweep
+// while keys remain and stops the timer otherwise. It warns once about the requests
+// left untracked since the last warning, if any.
+func (c *clientCounter) sweep(now time.Time) {
+	oldest := now.UTC().Truncate(c.window).Add(-c.window).UnixNano()
+	c.mu.Lock()
+	live := 0
+	for _, e := range c.keys {
+		if e.start >= oldest {
+			live++
+		}
+	}
+	if live < len(c.keys) {
+		var keys map[uint64]clientCount
+		if live > 0 {
+			keys = make(map[uint64]clientCount, live)
+			for h, e := range c.keys {
+				if e.start >= oldest {
+					keys[h] = e
+				}
+			}
+		}
+		c.keys = keys
+	}
+	switch {
+	case len(c.keys) == 0 && c.timer != nil:
+		c.timer.Stop()
+		c.timer = nil
+	case len(c.keys) > 0 && c.timer != nil:
+		c.timer.Reset(c.sweepEvery)
+	case len(c.keys) > 0:
+		c.timer = time.AfterFunc(c.sweepEvery, c.sweepNow)
+	}
+	untracked := c.untracked - c.warned
+	c.warned = c.untracked
+	tracked := len(c.keys)
+	c.mu.Unlock()
+	if untracked > 0 {
+		c.log.Warn("per-client share full: requests of new client keys passed without a per-client check, the route's bucket still applied",
+			"client_keys_max", c.max, "client_keys", tracked, "untracked_requests", untracked)
+	}
+}
+
+// stats returns the keys tracked now (idle ones included until the next sweep) and the
+// requests left untracked since the start.
+func (c *clientCounter) stats() (tracked int, untracked uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.keys), c.untracked
+}
