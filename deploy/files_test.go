@@ -2,12 +2,14 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -261,5 +263,183 @@ func TestManifestsParse(t *testing.T) {
 		if len(m) == 0 {
 			t.Errorf("%s: empty", f)
 		}
+	}
+}
+
+// The shutdown budget (issue 9): on SIGTERM mdproxy answers 503 on /readyz and keeps
+// serving for MDPROXY_SHUTDOWN_DELAY, then drains in-flight requests for up to
+// MDPROXY_SHUTDOWN_TIMEOUT. The orchestrator's grace period must cover both, or SIGKILL
+// cuts the uploads the drain was for.
+
+// mdproxy's defaults of the shutdown variables (README, Configuration).
+const (
+	defaultShutdownDelay   = 5 * time.Second
+	defaultShutdownTimeout = 30 * time.Second
+)
+
+// graceMargin is the least time a grace period must leave beyond the shutdown's phases:
+// the process's exit, the kubelet's and the runtime's own steps.
+const graceMargin = 5 * time.Second
+
+// podShutdown is what decides whether mdproxy can shut down cleanly in a Pod or a
+// compose project.
+type podShutdown struct {
+	grace          time.Duration // terminationGracePeriodSeconds, or compose's stop_grace_period
+	preStop        time.Duration // mdproxy's preStop sleep before its SIGTERM; 0: none
+	delay, timeout time.Duration // MDPROXY_SHUTDOWN_DELAY and MDPROXY_SHUTDOWN_TIMEOUT
+	// coreServes is how long Core keeps serving once the stop begins (the preStop sleep
+	// of its container, which shares the grace period); below 0: until mdproxy exited
+	// (compose stops a service before those it depends on).
+	coreServes time.Duration
+}
+
+// problems returns what is wrong with the budget, nil when nothing is.
+func (p podShutdown) problems() []string {
+	var out []string
+	need := p.preStop + p.delay + p.timeout
+	if p.grace < need+graceMargin {
+		out = append(out, fmt.Sprintf("grace period %v is shorter than preStop %v + MDPROXY_SHUTDOWN_DELAY %v + MDPROXY_SHUTDOWN_TIMEOUT %v + margin %v = %v",
+			p.grace, p.preStop, p.delay, p.timeout, graceMargin, need+graceMargin))
+	}
+	if p.coreServes >= 0 {
+		if p.coreServes < need {
+			out = append(out, fmt.Sprintf("Core stops serving %v into the stop, before mdproxy's drain may end (%v)", p.coreServes, need))
+		}
+		if p.grace < p.coreServes+graceMargin {
+			out = append(out, fmt.Sprintf("grace period %v leaves Core less than %v to stop after its preStop of %v", p.grace, graceMargin, p.coreServes))
+		}
+	}
+	return out
+}
+
+func TestManifestShutdownBudget(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct {
+		name string
+		p    podShutdown
+		want int // problems
+	}{
+		{"enough", podShutdown{grace: 90 * s, delay: 5 * s, timeout: 60 * s, coreServes: 65 * s}, 0},
+		{"compose order", podShutdown{grace: 45 * s, delay: 5 * s, timeout: 30 * s, coreServes: -1}, 0},
+		{"no margin", podShutdown{grace: 35 * s, delay: 5 * s, timeout: 30 * s, coreServes: -1}, 1},
+		{"delay forgotten", podShutdown{grace: 75 * s, delay: 5 * s, timeout: 70 * s, coreServes: -1}, 1},
+		{"preStop counted", podShutdown{grace: 75 * s, preStop: 10 * s, delay: 5 * s, timeout: 60 * s, coreServes: -1}, 1},
+		{"Core stops first", podShutdown{grace: 90 * s, delay: 5 * s, timeout: 60 * s, coreServes: 5 * s}, 1},
+		{"Core has no time", podShutdown{grace: 82 * s, delay: 5 * s, timeout: 60 * s, coreServes: 80 * s}, 1},
+	} {
+		if got := tc.p.problems(); len(got) != tc.want {
+			t.Errorf("%s: %+v.problems() = %q, want %d problems", tc.name, tc.p, got, tc.want)
+		}
+	}
+}
+
+// shutdownVars returns MDPROXY_SHUTDOWN_DELAY and _TIMEOUT from env, mdproxy's defaults
+// when unset. A compose value ${VAR:-default} counts as its default.
+func shutdownVars(t *testing.T, where string, env map[string]string) (delay, timeout time.Duration) {
+	t.Helper()
+	interpolated := regexp.MustCompile(`^\$\{[A-Za-z0-9_]+:?-(.*)\}$`)
+	get := func(name string, def time.Duration) time.Duration {
+		v, ok := env[name]
+		if !ok {
+			return def
+		}
+		if m := interpolated.FindStringSubmatch(v); m != nil {
+			v = m[1]
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			t.Fatalf("%s: %s = %q, want a duration >= 0", where, name, v)
+		}
+		return d
+	}
+	return get("MDPROXY_SHUTDOWN_DELAY", defaultShutdownDelay), get("MDPROXY_SHUTDOWN_TIMEOUT", defaultShutdownTimeout)
+}
+
+// TestManifestsShutdownGrace checks that the Kubernetes Pod's and the compose file's
+// grace periods cover mdproxy's shutdown delay and timeout as configured there.
+func TestManifestsShutdownGrace(t *testing.T) {
+	type preStop struct {
+		Sleep *struct {
+			Seconds int `yaml:"seconds"`
+		} `yaml:"sleep"`
+		Exec *struct {
+			Command []string `yaml:"command"`
+		} `yaml:"exec"`
+	}
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
+					Containers                    []struct {
+						Name      string `yaml:"name"`
+						Lifecycle struct {
+							PreStop *preStop `yaml:"preStop"`
+						} `yaml:"lifecycle"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	readYAML(t, filepath.Join("kubernetes", "deployment.yaml"), &dep)
+	var cm struct {
+		Data map[string]string `yaml:"data"`
+	}
+	readYAML(t, filepath.Join("kubernetes", "configmap.yaml"), &cm)
+
+	pod := dep.Spec.Template.Spec
+	k8s := podShutdown{grace: 30 * time.Second, coreServes: 0} // Kubernetes' default grace
+	if pod.TerminationGracePeriodSeconds != nil {
+		k8s.grace = time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
+	}
+	k8s.delay, k8s.timeout = shutdownVars(t, "kubernetes/configmap.yaml", cm.Data)
+	sleep := func(p *preStop) time.Duration {
+		if p == nil || p.Sleep == nil {
+			return 0
+		}
+		return time.Duration(p.Sleep.Seconds) * time.Second
+	}
+	found := map[string]bool{}
+	for _, c := range pod.Containers {
+		found[c.Name] = true
+		switch c.Name {
+		case "mdproxy":
+			if p := c.Lifecycle.PreStop; p != nil && p.Exec != nil {
+				t.Errorf("deployment.yaml: mdproxy preStop exec %q: the image is distroless, with no shell nor sleep; MDPROXY_SHUTDOWN_DELAY replaces it", p.Exec.Command)
+			}
+			k8s.preStop = sleep(c.Lifecycle.PreStop)
+		case "core":
+			k8s.coreServes = sleep(c.Lifecycle.PreStop)
+		}
+	}
+	if !found["mdproxy"] || !found["core"] {
+		t.Fatalf("deployment.yaml: containers %v, want core and mdproxy", found)
+	}
+	for _, p := range k8s.problems() {
+		t.Errorf("kubernetes/deployment.yaml with configmap.yaml: %s", p)
+	}
+
+	var compose struct {
+		Services map[string]struct {
+			StopGracePeriod string            `yaml:"stop_grace_period"`
+			Environment     map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	readYAML(t, "compose.yaml", &compose)
+	m, ok := compose.Services["mdproxy"]
+	if !ok {
+		t.Fatal("compose.yaml: no service mdproxy")
+	}
+	dc := podShutdown{grace: 10 * time.Second, coreServes: -1} // compose's default grace
+	if m.StopGracePeriod != "" {
+		d, err := time.ParseDuration(m.StopGracePeriod)
+		if err != nil {
+			t.Fatalf("compose.yaml: mdproxy stop_grace_period %q: %v", m.StopGracePeriod, err)
+		}
+		dc.grace = d
+	}
+	dc.delay, dc.timeout = shutdownVars(t, "compose.yaml", m.Environment)
+	for _, p := range dc.problems() {
+		t.Errorf("compose.yaml, service mdproxy: %s", p)
 	}
 }
