@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestBinaryClientKeysFreed is issue 9's eighth case against the built binary: many
+// distinct apikeys on a route with a per-client share and no rate. The keys tracked never
+// exceed MDPROXY_CLIENT_KEYS_MAX, the requests beyond it pass (the route's bucket would
+// still apply) and are counted and logged, and once the window passed the keys are freed
+// with no further request: only /metrics is read meanwhile.
+func TestBinaryClientKeysFreed(t *testing.T) {
+	const (
+		keys    = 12000
+		keysMax = 500
+		workers = 8
+	)
+	up := newUpstream(t)
+	start := time.Now()
+	p := startBinary(t, up.URL, map[string]string{
+		// The route that grew without bound: a per-client share and no rate.
+		"MDPROXY_FILE_RESULT_RATE":          "0",
+		"MDPROXY_FILE_RESULT_CLIENT_LIMIT":  "3",
+		"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "1s",
+		// A window too long to roll during the test, for the per-client decision.
+		"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT":  "3",
+		"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW": "1h",
+		"MDPROXY_CLIENT_KEYS_MAX":           fmt.Sprint(keysMax),
+	})
+	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: safety}
+	get := func(path, apikey string) (int, string, error) {
+		req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, p.proxyURL+path, nil)
+		if err != nil {
+			return 0, "", err
+		}
+		req.Header.Set("apikey", apikey)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+	series := func(name, route string) string { return name + `{route="` + route + `"}` }
+	tracked := func(route string) float64 { return p.metric(t, series("mdproxy_limiter_client_keys", route)) }
+
+	// The per-client decision is unchanged: three requests a window, then the limit answer.
+	for i, want := range []int{200, 200, 200, 503} {
+		code, body, err := get("/hash/abc", "one-client")
+		if err != nil {
+			t.Fatalf("GET /hash/abc #%d: %v", i+1, err)
+		}
+		if code != want {
+			t.Fatalf("GET /hash/abc #%d = %d %q, want %d", i+1, code, short(body), want)
+		}
+		if code == 503 && !strings.Contains(body, "this client") {
+			t.Errorf("GET /hash/abc #%d body = %q, want the per-client limit answer", i+1, short(body))
+		}
+	}
+	if got := tracked("hash_lookup"); got != 1 {
+		t.Errorf("%s = %v, want 1", series("mdproxy_limiter_client_keys", "hash_lookup"), got)
+	}
+
+	heapBefore := p.metric(t, "go_memstats_heap_inuse_bytes")
+	floodStart := time.Now()
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= keys || failed.Load() > 0 {
+					return
+				}
+				code, body, err := get(fmt.Sprintf("/file/d%d", i), fmt.Sprintf("apikey-%d", i))
+				if err != nil || code != 200 {
+					// A new key is always within its share, tracked or not.
+					if failed.Add(1) == 1 {
+						t.Errorf("GET /file/d%d with a new apikey = %d %q, %v; want 200", i, code, short(body), err)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.FailNow()
+	}
+	flood := time.Since(floodStart)
+	seen := len(up.requests())
+	heapFlood := p.metric(t, "go_memstats_heap_inuse_bytes")
+
+	if got := tracked("file_result"); got > keysMax {
+		t.Errorf("after %d keys, %s = %v, want at most %d", keys, series("mdproxy_limiter_client_keys", "file_result"), got, keysMax)
+	}
+	if got := p.metric(t, series("mdproxy_limiter_client_untracked_requests_total", "file_result")); got <= 0 {
+		t.Errorf("after %d keys, %s = %v, want above 0 (keys beyond %d)",
+			keys, series("mdproxy_limiter_client_untracked_requests_total", "file_result"), got, keysMax)
+	}
+
+	// The keys are freed with no further request: 1 s windows, swept every second.
+	deadline := time.Now().Add(safety)
+	for tracked("file_result") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the last request, %s = %v, want 0", safety,
+				series("mdproxy_limiter_client_keys", "file_result"), tracked("file_result"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	heapAfter := p.metric(t, "go_memstats_heap_inuse_bytes")
+	t.Logf("%d keys sent in %v, freed %v later", keys, flood.Round(time.Millisecond), (time.Since(floodStart) - flood).Round(time.Millisecond))
+	t.Logf("go_memstats_heap_inuse_bytes: %.0f before, %.0f after %d keys, %.0f once they were freed",
+		heapBefore, heapFlood, keys, heapAfter)
+	if got := len(up.requests()); got != seen {
+		t.Errorf("Core received %d requests while the keys were freed, want none", got-seen)
+	}
+	if got := tracked("hash_lookup"); got != 1 {
+		t.Errorf("%s = %v, want 1 (its window has not passed)", series("mdproxy_limiter_client_keys", "hash_lookup"), got)
+	}
+
+	// Warned at most once a sweep (a second here), with the route and no key.
+	elapsed := time.Since(start)
+	var warnings int
+	for _, line := range strings.Split(p.logs.String(), "\n") {
+		if !strings.Contains(line, "per-client share full") {
+			continue
+		}
+		warnings++
+		if !strings.Contains(line, `"route":"file_result"`) || strings.Contains(line, "apikey-") {
+			t.Errorf("warning %s, want the route file_result and no apikey", line)
+		}
+	}
+	if warnings == 0 || warnings > int(elapsed/time.Second)+1 {
+		t.Errorf("%d warnings of a full share in %v, want 1 to one a second", warnings, elapsed.Round(time.Second))
+	}
+}
