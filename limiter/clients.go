@@ -12,7 +12,8 @@ import (
 
 // DefaultClientKeysMax is the number of client keys each per-client share tracks at
 // once when no WithClientKeysMax option says otherwise: the default of mdproxy's
-// MDPROXY_CLIENT_KEYS_MAX. At about 40 bytes a key, it bounds a share to a few MiB.
+// MDPROXY_CLIENT_KEYS_MAX. At 30 to 60 bytes a key (a Go map doubles as it grows), it
+// bounds a share to a few MiB.
 const DefaultClientKeysMax = 100_000
 
 // minSweepEvery is the shortest period of the sweep of idle client keys: a client window
@@ -49,21 +50,24 @@ func WithClientKeysMax(n int) Option {
 	}
 }
 
-// WithLogger is where a per-client share warns that it reached its bound of client keys,
-// at most once per sweep (once a client window, and at most once a second). NewSet adds
-// the route's name to it. nil, the default, discards.
+// WithLogger is where a per-client share warns that requests passed untracked because
+// it held its bound of client keys: at most once per sweep, that is once a client window
+// (once a second for windows shorter than that). NewSet adds the route's name to it.
+// nil, the default, discards.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
 // clientCounter is the httprate.LimitCounter of one per-client share. It holds, for each
 // client key, the request counts of the key's last two windows, in one map keyed by a
-// seeded hash of the key (the key itself is not kept). The map holds at most max keys;
+// seeded 64-bit hash of the key (the key itself is not kept; httprate's own counter
+// hashes keys too, and two keys of a share collide with odds of about n²/2⁶⁵, 3e-10
+// for 100000 keys). The map holds at most max keys;
 // a key beyond them is not tracked (Get answers 0, IncrementBy counts the request as
 // untracked), so that the route's global bucket alone decides for it.
 //
-// Idle keys, whose counts no longer weigh in the sliding window (last request more than
-// one full window ago), are freed by a sweep that a time.AfterFunc timer runs every
+// Idle keys, whose counts no longer weigh in the sliding window (no request in the
+// current window nor the one before), are freed by a sweep that a time.AfterFunc timer runs every
 // sweepEvery while the map holds keys, and never otherwise: an idle share holds no timer
 // and no goroutine. The sweep builds a new map of the live keys rather than deleting
 // from the old one, since a Go map never shrinks.

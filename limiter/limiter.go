@@ -105,17 +105,16 @@ func (d Decision) RetryAfterSeconds() int {
 // Bucket is the budget of one route: a global token bucket and an optional per-client
 // share. A nil *Bucket allows everything. A Bucket is safe for concurrent use.
 //
-// The per-client share tracks at most a bound of client keys at once
-// (WithClientKeysMax, DefaultClientKeysMax by default; about 40 bytes a key). A key is
-// freed once idle, when its requests no longer weigh in the sliding window (no request
-// for one full window): a timer sweeps the idle keys every window (at least every
-// second) while keys are tracked, and stops when none is, so that memory returns to its
-// baseline without waiting for a request. While the bound is reached, a request of a
-// new key passes the per-client check untracked: the route's global bucket, which
-// protects Core, still decides for it, whereas refusing it would let a flood of
-// made-up keys lock out every client that arrives after it. Such requests are counted
-// (ClientKeys) and logged at most once a sweep (WithLogger). Keys already tracked keep
-// their share.
+// The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
+// DefaultClientKeysMax by default; 30 to 60 bytes a key). A key is freed once idle, when
+// its requests no longer weigh in the sliding window (one to two windows after its last
+// request): a timer sweeps the idle keys every window (at most once a second) while keys
+// are tracked, and stops when none is, so that memory returns to its baseline without
+// waiting for a request. While the bound is reached, a request of a new key passes the
+// per-client check untracked: the route's global bucket, which protects Core, still
+// decides for it, whereas refusing it would let a flood of made-up keys lock out every
+// client that arrives after it. Such requests are counted (ClientKeys) and logged at
+// most once a sweep (WithLogger). Keys already tracked keep their share.
 type Bucket struct {
 	limit Limit
 	now   func() time.Time
