@@ -319,7 +319,6 @@ func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
 	}
 }
 
-
 // ReserveAt takes a token of the global bucket for a request arriving at now when one
 // is free within MaxWait, and returns how long the request must wait for it (0: at
 // once). Otherwise it takes nothing and returns ok false. It ignores the per-client

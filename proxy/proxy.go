@@ -17,6 +17,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,11 @@ type Options struct {
 	TrustedProxies []netip.Prefix
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
+	// BodyIdleTimeout bounds how long a client may make no progress sending its
+	// request body or reading its answer; the exchange is then cut and counted
+	// (mdproxy_body_timeouts_total). Core's side is bounded by the Transport
+	// (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it off.
+	BodyIdleTimeout time.Duration
 	// Logger receives errors worth a line. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -87,9 +93,11 @@ type route struct {
 	inFlight        prometheus.Gauge
 	requestBytes    prometheus.Counter
 	responseBytes   prometheus.Counter
+	bodyTimeouts    *prometheus.CounterVec
 	limitStatus     int
 	trusted         []netip.Prefix
 	upstreamTimeout time.Duration
+	bodyIdle        time.Duration // 0: off
 	log             *slog.Logger
 
 	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
@@ -124,6 +132,12 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.Limits == nil {
 		opts.Limits = (*limiter.Set)(nil)
+	}
+	switch {
+	case opts.BodyIdleTimeout == 0:
+		opts.BodyIdleTimeout = 60 * time.Second
+	case opts.BodyIdleTimeout < 0:
+		opts.BodyIdleTimeout = 0
 	}
 
 	p := &Proxy{router: chi.NewMux(), metrics: opts.Metrics}
@@ -161,9 +175,11 @@ func newRoute(name string, opts Options) *route {
 		inFlight:         m.InFlight.WithLabelValues(name),
 		requestBytes:     m.RequestBytes.WithLabelValues(name),
 		responseBytes:    m.ResponseBytes.WithLabelValues(name),
+		bodyTimeouts:     m.BodyTimeouts,
 		limitStatus:      opts.LimitStatus,
 		trusted:          opts.TrustedProxies,
 		upstreamTimeout:  opts.UpstreamTimeout,
+		bodyIdle:         opts.BodyIdleTimeout,
 		log:              opts.Logger.With("route", name),
 		rejectBody:       errorBody("Too many requests for route " + name + ". Try again later."),
 		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
@@ -193,6 +209,18 @@ func newRoute(name string, opts Options) *route {
 				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 			}
 			pr.SetXForwarded()
+			// Core's API has no protocol upgrade: a tunnel would carry requests past
+			// the limiter and the metrics. The request goes on as a plain one, and a
+			// 101 from Core fails as a protocol the client did not ask for (502).
+			if pr.Out.Header["Upgrade"] != nil {
+				delete(pr.Out.Header, "Upgrade")
+				delete(pr.Out.Header, "Connection")
+			}
+			// An HTTP/1.0 client cannot take 100 Continue (RFC 9110, section 15.2):
+			// Core must not wait to send one before reading the body.
+			if !pr.In.ProtoAtLeast(1, 1) {
+				delete(pr.Out.Header, "Expect")
+			}
 		},
 		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur, codes: m.UpstreamResponses, route: name},
 		ErrorHandler: rt.upstreamError,
@@ -238,18 +266,11 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt.inFlight.Inc()
 	defer rt.inFlight.Dec()
-	rec := &recorder{ResponseWriter: w}
+	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1)}
 	defer func() {
 		if v := recover(); v != nil {
-			// ReverseProxy aborts a response whose body copy failed: the client sees
-			// the connection cut. Either the client left (499) or Core reset.
-			if v == http.ErrAbortHandler {
-				if r.Context().Err() != nil {
-					rec.status = StatusClientClosedRequest
-					rt.upstreamErrors[metrics.KindCanceled].Inc()
-				} else {
-					rt.upstreamErrors[metrics.KindReset].Inc()
-				}
+			if v == http.ErrAbortHandler && !rec.aborted {
+				rt.countCut(rec, r)
 			}
 			rt.finish(rec, r, start)
 			panic(v)
@@ -282,17 +303,57 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeBody(rec, rt.limitStatus, body)
 		return
 	case limiter.Canceled:
-		rec.status = StatusClientClosedRequest
-		return
+		abort(rec)
 	}
 
-	var body *countingBody
+	ex := newExchange(w, rt.bodyIdle)
+	defer ex.finish()
+	rec.ex = ex
+	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &countingBody{ReadCloser: r.Body}
-		r.Body = body
-		defer func() { rt.requestBytes.Add(float64(body.n.Load())) }()
+		r.Body = &requestBody{ReadCloser: r.Body, ex: ex}
+		ctx = ex.trace(ctx)
+		defer func() { rt.requestBytes.Add(float64(ex.reqBytes.Load())) }()
+	} else {
+		ex.bodyDone = true
 	}
-	rt.proxy.ServeHTTP(rec, r)
+	rt.proxy.ServeHTTP(rec, r.WithContext(ctx))
+}
+
+// abort ends the request without an answer: net/http recovers http.ErrAbortHandler
+// and closes the connection without writing anything. A handler that merely returned
+// would make net/http send "200 OK" with an empty body, a status that neither Core
+// nor the proxy gave, which a client could take for Core's answer.
+func abort(rec *recorder) {
+	rec.status = StatusClientClosedRequest
+	rec.aborted = true
+	panic(http.ErrAbortHandler)
+}
+
+// countCut counts why ReverseProxy cut an answer it had started to relay: the client
+// stopped reading it, Core stopped sending it, the client went away, or Core's
+// connection broke.
+func (rt *route) countCut(rec *recorder, r *http.Request) {
+	var coreErr error
+	if rec.ex != nil {
+		coreErr = rec.ex.responseFailed()
+	}
+	switch {
+	case isDeadline(rec.writeErr):
+		rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerClient).Inc()
+	case isDeadline(coreErr):
+		rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
+		rt.upstreamErrors[metrics.KindTimeout].Inc()
+		rt.logUpstream(metrics.KindTimeout, coreErr)
+	case r.Context().Err() != nil:
+		rec.status = StatusClientClosedRequest
+		rt.upstreamErrors[metrics.KindCanceled].Inc()
+	default:
+		rt.upstreamErrors[metrics.KindReset].Inc()
+		if coreErr != nil {
+			rt.logUpstream(metrics.KindReset, coreErr)
+		}
+	}
 }
 
 // finish counts the request once its answer is over.
@@ -311,21 +372,36 @@ func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
 // first: counted, nothing sent), with a Core-style JSON body.
 func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	rec, _ := w.(*recorder)
+	if errors.Is(exchangeOf(r).requestFailed(), errClientIdle) {
+		// Not Core's fault: the client stopped sending its upload.
+		rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerClient).Inc()
+		writeError(w, http.StatusRequestTimeout,
+			fmt.Sprintf("The request body made no progress for %v.", rt.bodyIdle))
+		return
+	}
 	kind := classify(r, err)
 	rt.upstreamErrors[kind].Inc()
 	switch kind {
 	case metrics.KindCanceled:
-		// A client whose upload broke may still be there to read why.
-		if r.Context().Err() == nil {
-			writeError(w, http.StatusBadRequest, "The request body ended before its Content-Length.")
+		// A client whose upload broke may still be there to read why; one that went
+		// away gets nothing, not even a status.
+		if r.Context().Err() != nil && rec != nil {
+			abort(rec)
 		}
+		writeError(w, http.StatusBadRequest, "The request body ended before its Content-Length.")
 		if rec != nil {
 			rec.status = StatusClientClosedRequest
 		}
 	case metrics.KindTimeout:
-		if isDial(err) {
+		switch {
+		case isDial(err):
 			writeError(w, http.StatusBadGateway, "Core could not be reached: connect timeout.")
-		} else {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A read or write deadline of Core's connection, not the header timeout.
+			rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
+			writeError(w, http.StatusGatewayTimeout,
+				fmt.Sprintf("Core made no progress on the request for %v.", rt.bodyIdle))
+		default:
 			writeError(w, http.StatusGatewayTimeout,
 				fmt.Sprintf("Core did not answer within %v.", rt.upstreamTimeout))
 		}
@@ -356,15 +432,16 @@ func isDial(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// classify names the kind of a round trip error.
+// classify names the kind of a round trip error of r, a request forwarded by the
+// proxy.
 func classify(r *http.Request, err error) string {
-	var body *countingBody
-	if b, ok := r.Body.(*countingBody); ok {
-		body = b
-	}
+	bodyErr := exchangeOf(r).requestFailed()
 	var ne net.Error
 	switch {
-	case r.Context().Err() != nil, body != nil && body.failed():
+	case errors.Is(err, errCoreGone), errors.Is(bodyErr, errCoreGone):
+		// Core's connection closed while the upload was being read.
+		return metrics.KindReset
+	case r.Context().Err() != nil, bodyErr != nil:
 		return metrics.KindCanceled
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return metrics.KindTimeout
@@ -404,40 +481,30 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err == nil {
 		t.observe.Observe(time.Since(start).Seconds())
 		t.codes.WithLabelValues(t.route, strconv.Itoa(resp.StatusCode)).Inc()
+		if ex := exchangeOf(r); ex != nil && resp.Body != nil && resp.Body != http.NoBody {
+			resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
+		}
 	}
 	return resp, err
 }
-
-// countingBody counts the request body bytes read, and remembers whether reading failed
-// for another reason than its end (the client went away mid-upload). It is read by the
-// transport's goroutine and inspected by the handler's, hence the atomics.
-type countingBody struct {
-	io.ReadCloser
-	n      atomic.Int64
-	broken atomic.Bool
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
-	if err != nil && err != io.EOF {
-		b.broken.Store(true)
-	}
-	return n, err
-}
-
-func (b *countingBody) failed() bool { return b.broken.Load() }
 
 // recorder remembers the status and body size of an answer. It unwraps to the
 // connection's writer, so that http.ResponseController (and so ReverseProxy's flushes)
 // reach it.
 type recorder struct {
 	http.ResponseWriter
-	status int
-	bytes  int64
+	status   int
+	bytes    int64
+	http10   bool      // the client speaks HTTP/1.0: no 1xx may reach it
+	aborted  bool      // abort cut the request, already counted
+	ex       *exchange // nil for answers the proxy gives itself
+	writeErr error     // the first failed write to the client
 }
 
 func (w *recorder) WriteHeader(code int) {
+	if code < 200 && w.http10 {
+		return // RFC 9110, section 15.2: no 1xx to an HTTP/1.0 client
+	}
 	if w.status == 0 && code >= 200 {
 		w.status = code
 	}
@@ -448,8 +515,14 @@ func (w *recorder) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	if w.ex != nil {
+		w.ex.armWrite()
+	}
 	n, err := w.ResponseWriter.Write(p)
 	w.bytes += int64(n)
+	if err != nil && w.writeErr == nil {
+		w.writeErr = err
+	}
 	return n, err
 }
 

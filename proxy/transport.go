@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"context"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -14,11 +16,19 @@ type TransportOptions struct {
 	// request, body included, was sent; past it the client gets 504. Default 60 s.
 	// Uploads are never cut by it: it starts once the body is written.
 	ResponseHeaderTimeout time.Duration
-	// IdleConnTimeout closes kept-alive connections to Core idle that long. Default 90 s.
+	// IdleConnTimeout closes kept-alive connections to Core idle that long. Default 90 s,
+	// and at most half of BodyIdleTimeout.
 	IdleConnTimeout time.Duration
 	// MaxIdleConnsPerHost is the number of idle connections kept to Core. Default 256,
 	// enough for a fleet of pollers without a new connection each poll.
 	MaxIdleConnsPerHost int
+	// BodyIdleTimeout bounds how long Core may make no progress on a connection while
+	// a request is being sent or a response received: not reading an upload, not
+	// sending the rest of an answer. The connection is then closed and the exchange
+	// counted as an upstream timeout. The wait for response headers is bounded by the
+	// larger of it and ResponseHeaderTimeout. Idle pooled connections are closed
+	// after it too. Default 60 s; negative turns the bound off.
+	BodyIdleTimeout time.Duration
 }
 
 // NewTransport returns the http.Transport to Core: explicit timeouts, no proxy from the
@@ -38,9 +48,26 @@ func NewTransport(o TransportOptions) *http.Transport {
 	if o.MaxIdleConnsPerHost == 0 {
 		o.MaxIdleConnsPerHost = 256
 	}
+	if o.BodyIdleTimeout == 0 {
+		o.BodyIdleTimeout = 60 * time.Second
+	}
+	dialer := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
+	idle := max(o.BodyIdleTimeout, 0)
+	headers := max(idle, o.ResponseHeaderTimeout)
+	if idle > 0 {
+		// The pool drops an idle connection before its read deadline can close it
+		// under a request just handed to it.
+		o.IdleConnTimeout = min(o.IdleConnTimeout, idle/2)
+	}
 	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &coreConn{Conn: c, idle: idle, headers: headers, closed: make(chan struct{})}, nil
+		},
 		ForceAttemptHTTP2:     false,
 		MaxIdleConns:          o.MaxIdleConnsPerHost,
 		MaxIdleConnsPerHost:   o.MaxIdleConnsPerHost,
@@ -50,4 +77,92 @@ func NewTransport(o TransportOptions) *http.Transport {
 		TLSHandshakeTimeout:   o.DialTimeout,
 		DisableCompression:    true,
 	}
+}
+
+// earlyAnswerGrace bounds how long a failed write to Core is held back so that Core's
+// answer, already on its way, wins over the write error.
+const earlyAnswerGrace = 2 * time.Second
+
+// coreConn is a connection to Core. It bounds each read and write by the body idle
+// timeout, and holds back a failed write until the connection closes, so that Core's
+// early answer to an upload is relayed rather than lost.
+//
+// Core may answer an upload before reading all of it (a bad apikey, a full scan queue,
+// a file over its size limit) and close the connection. net/http's transport then
+// races the write error against reading that answer and often returns the error
+// (golang/go#11745): the client would get 502 instead of Core's status. Holding the
+// write error until the transport's read side is done with the connection (it closes
+// it after the answer, or on its own read error) lets the answer through every time.
+type coreConn struct {
+	net.Conn
+	idle    time.Duration // each read and write; 0: none
+	headers time.Duration // the read deadline set by a write: the wait for headers
+	closed  chan struct{}
+	once    sync.Once
+
+	mu      sync.Mutex
+	onClose func()
+}
+
+func (c *coreConn) Read(p []byte) (int, error) {
+	if c.idle > 0 {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *coreConn) Write(p []byte) (int, error) {
+	if c.idle > 0 {
+		now := time.Now()
+		_ = c.Conn.SetWriteDeadline(now.Add(c.idle))
+		// The read side is waiting for the answer to what is being written.
+		_ = c.Conn.SetReadDeadline(now.Add(c.headers))
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		t := time.NewTimer(earlyAnswerGrace)
+		select {
+		case <-c.closed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return n, err
+}
+
+// Close closes the connection and tells the watcher, once.
+func (c *coreConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		close(c.closed)
+		c.mu.Lock()
+		f := c.onClose
+		c.mu.Unlock()
+		if f != nil {
+			f()
+		}
+	})
+	return err
+}
+
+// watch makes f the function called when the connection closes, replacing the one of
+// an earlier request on it.
+func (c *coreConn) watch(f func()) {
+	c.mu.Lock()
+	c.onClose = f
+	c.mu.Unlock()
+	select {
+	case <-c.closed:
+		f()
+	default:
+	}
+}
+
+// coreConnOf returns the *coreConn under c (directly, or under TLS), or nil.
+func coreConnOf(c net.Conn) *coreConn {
+	if nc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = nc.NetConn()
+	}
+	cc, _ := c.(*coreConn)
+	return cc
 }

@@ -69,12 +69,14 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		Transport: proxy.NewTransport(proxy.TransportOptions{
 			DialTimeout:           cfg.DialTimeout,
 			ResponseHeaderTimeout: cfg.UpstreamTimeout,
+			BodyIdleTimeout:       cfg.BodyIdleTimeout,
 		}),
 		Limits:          limits,
 		Metrics:         m,
 		LimitStatus:     cfg.LimitStatus,
 		TrustedProxies:  cfg.trusted,
 		UpstreamTimeout: cfg.UpstreamTimeout,
+		BodyIdleTimeout: cfg.BodyIdleTimeout,
 		Logger:          log,
 	})
 	if err != nil {

@@ -1,0 +1,530 @@
+package main
+
+// Issue 9's cases, run black-box against the built binary: each input that once gave
+// a wrong outcome, with the outcome a user of a proxy in front of a malware scanner
+// must get.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// newLoopback starts h on a loopback httptest.Server closed by cleanup.
+func newLoopback(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// dial opens a TCP connection to addr, closed by cleanup, with a deadline of safety.
+func dial(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, safety)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(safety))
+	return c.(*net.TCPConn)
+}
+
+// readAll reads c until EOF or an error and returns what it read and the error
+// (nil at EOF).
+func readAll(c net.Conn) (string, error) {
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+// series formats a metric series as the text format writes it, labels sorted.
+func series(name string, labels ...string) string {
+	var b strings.Builder
+	b.WriteString(name)
+	b.WriteByte('{')
+	for i := 0; i+1 < len(labels); i += 2 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%q", labels[i], labels[i+1])
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// waitMetricAtLeast polls p's /metrics until series reaches want, failing t after
+// safety; a request is counted when its handler returns, which may be just after the
+// client saw its end.
+func waitMetricAtLeast(t *testing.T, p *proc, s string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(safety)
+	for {
+		got := p.metric(t, s)
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %v, want at least %v", s, got, safety, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestHalfCloseNeverEmpty200 is case 1: a client that half-closes after its request
+// must get Core's answer or a cut connection, never a status Core did not give (net/http
+// sends "200 OK" with no body for a handler that returns without writing).
+func TestHalfCloseNeverEmpty200(t *testing.T) {
+	release := make(chan struct{})
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select { // Core takes its time; the client's half-close arrives meanwhile
+		case <-time.After(300 * time.Millisecond):
+		case <-release:
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data_id":"d1"}`)
+	})
+	defer close(release)
+	p := startBinary(t, up.URL, map[string]string{
+		// A waiting poll is the third path: the limiter's wait canceled.
+		"MDPROXY_HASH_LOOKUP_RATE": "0.1", "MDPROXY_HASH_LOOKUP_BURST": "1", "MDPROXY_HASH_LOOKUP_MAX_WAIT": "20s",
+	})
+	tests := []struct{ name, request string }{
+		{"upload", "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"},
+		{"poll", "GET /file/abc HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"poll waiting for a token", "GET /hash/abc HTTP/1.1\r\nHost: x\r\n\r\n"},
+	}
+	// Take the hash_lookup bucket's only token, so that the third request waits.
+	if code, _ := get(t, newClient(t), p.proxyURL+"/hash/first"); code != http.StatusOK {
+		t.Fatalf("GET /hash/first = %d, want 200", code)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := range 5 {
+				c := dial(t, p.proxyAddr)
+				if _, err := io.WriteString(c, tt.request); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := readAll(c) // a reset is a cut connection too
+				if got == "" {
+					continue // cut: the client knows it has no answer
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+				if err != nil {
+					t.Fatalf("#%d: answer %q: %v", i, got, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != http.StatusOK || string(body) != `{"data_id":"d1"}` {
+					t.Errorf("#%d: half-closed %s got %d %q, want Core's 200 {\"data_id\":\"d1\"} or a cut connection", i, tt.name, resp.StatusCode, body)
+				}
+			}
+		})
+	}
+}
+
+// TestCanceledWaitersKeepCoreRate is case 2: pollers that give up while waiting for a
+// token must not waste the slots they leave; Core keeps receiving the configured rate.
+func TestCanceledWaitersKeepCoreRate(t *testing.T) {
+	var polls atomic.Int64
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		polls.Add(1)
+		_, _ = io.WriteString(w, "{}")
+	})
+	p := startBinary(t, up.URL, map[string]string{
+		"MDPROXY_FILE_RESULT_RATE": "2", "MDPROXY_FILE_RESULT_BURST": "1", "MDPROXY_FILE_RESULT_MAX_WAIT": "5s",
+	})
+	const clients, period = 10, 8 * time.Second
+	deadline := time.Now().Add(period)
+	c := newClient(t)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.proxyURL+"/file/x", nil)
+				if resp, err := c.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	// burst + rate × period = 17; before the fix, Core received about 4.
+	if got, want := polls.Load(), int64(2*period.Seconds()*0.75); got < want || got > 18 {
+		t.Errorf("polls reaching Core in %v at 2/s with %d clients giving up after 1 s = %d, want %d to 18", period, clients, got, want)
+	}
+}
+
+// TestCanceledWaiterTurnGivenOn is case 2's minimal input: A, then B that gives up
+// after 0.3 s, then C, then D: C takes B's turn and D C's, so D reaches Core about 2 s
+// after A, not 3 s.
+func TestCanceledWaiterTurnGivenOn(t *testing.T) {
+	var mu sync.Mutex
+	arrived := map[string]time.Time{}
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived[r.URL.Path] = time.Now()
+		mu.Unlock()
+		_, _ = io.WriteString(w, "{}")
+	})
+	p := startBinary(t, up.URL, map[string]string{
+		"MDPROXY_FILE_RESULT_RATE": "1", "MDPROXY_FILE_RESULT_BURST": "1", "MDPROXY_FILE_RESULT_MAX_WAIT": "10s",
+	})
+	c := newClient(t)
+	poll := func(id string, timeout time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.proxyURL+"/file/"+id, nil)
+		if resp, err := c.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	poll("a", safety)
+	var wg sync.WaitGroup
+	wg.Go(func() { poll("b", 300*time.Millisecond) })
+	time.Sleep(50 * time.Millisecond) // arrival order B, C, D
+	wg.Go(func() { poll("c", safety) })
+	time.Sleep(50 * time.Millisecond)
+	wg.Go(func() { poll("d", safety) })
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if _, ok := arrived["/file/b"]; ok {
+		t.Errorf("B, which gave up before its turn, reached Core")
+	}
+	a, d := arrived["/file/a"], arrived["/file/d"]
+	// D's turn is 2 s after A's; it was 3 s when B's turn was lost. The margin is half
+	// a turn.
+	if gap := d.Sub(a); d.IsZero() || gap > 2500*time.Millisecond {
+		t.Errorf("D reached Core %v after A, want about 2s (B's turn given on), not 3s", gap)
+	}
+}
+
+// earlyRefusal is an upstream that refuses an upload after reading read bytes of it
+// (0: none), with Core's JSON error and Connection: close, as Core does for a bad
+// apikey, a full scan queue or a file over its size limit.
+func earlyRefusal(read int64) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if read > 0 {
+			_, _ = io.CopyN(io.Discard, r.Body, read)
+		}
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"err":"x"}`)
+	}
+}
+
+// rawUpload sends a POST /file of size bytes on a raw connection, writing the body in
+// the background while it reads the answer, as curl does; it returns the status and
+// body of the answer ("" and 0 when the connection was cut first).
+func rawUpload(t *testing.T, addr string, size int64, expect bool) (int, string) {
+	t.Helper()
+	c := dial(t, addr)
+	head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n", size)
+	if expect {
+		head += "Expect: 100-continue\r\n"
+	}
+	if _, err := io.WriteString(c, head+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		_, _ = io.CopyN(c, zeros{}, size) // fails once the answer came and the proxy closed
+	}()
+	defer c.Close() // unblocks the writer when the answer came early
+	br := bufio.NewReader(c)
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return 0, ""
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusContinue {
+			continue
+		}
+		return resp.StatusCode, string(body)
+	}
+}
+
+// zeros is an endless reader of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestEarlyRefusalRelayed is case 3: Core answering an upload before reading all of
+// it must reach the client as Core's status and body every time, not as a 502.
+func TestEarlyRefusalRelayed(t *testing.T) {
+	tests := []struct {
+		name   string
+		read   int64
+		expect bool
+	}{
+		{"after 2 MiB, Expect: 100-continue", 2 << 20, true},
+		{"after 2 MiB", 2 << 20, false},
+		{"at once, Expect: 100-continue", 0, true},
+		{"at once", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newLoopback(t, earlyRefusal(tt.read))
+			p := startBinary(t, up.URL, nil)
+			const runs = 8
+			for i := range runs {
+				code, body := rawUpload(t, p.proxyAddr, 50<<20, tt.expect)
+				if code != http.StatusBadRequest || body != `{"err":"x"}` {
+					t.Errorf("upload #%d refused by Core = %d %q, want Core's 400 {\"err\":\"x\"}", i, code, body)
+				}
+			}
+			waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "400", "method", "POST", "route", "submit"), runs)
+			m := p.metrics(t)
+			for _, kind := range []string{"refused", "reset", "timeout", "canceled", "other"} {
+				if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+					t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
+				}
+			}
+			if v, _ := metricValue(m, series("mdproxy_requests_total", "code", "502", "method", "POST", "route", "submit")); v != 0 {
+				t.Errorf("answers 502 to refused uploads = %v, want 0", v)
+			}
+		})
+	}
+}
+
+// TestStalledResponseBodyCut is case 4: Core sending the headers and part of a body,
+// then nothing, is cut after the body idle timeout and counted.
+func TestStalledResponseBodyCut(t *testing.T) {
+	release := make(chan struct{})
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		_, _ = w.Write(make([]byte, 10))
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_UPSTREAM_TIMEOUT": "2s", "MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+	// The proxy had not flushed the 10 bytes (nor the headers) when it cut: the client
+	// sees the connection end, either before the headers or within the body.
+	c := newClient(t)
+	c.Timeout = safety
+	resp, err := c.Get(p.proxyURL + "/file/x")
+	if err == nil {
+		n, rerr := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if rerr == nil || n == 100 {
+			t.Errorf("reading a body Core stalled = %d bytes, err %v; want the connection cut", n, rerr)
+		}
+	} else if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout") {
+		t.Errorf("GET a body Core stalled: %v; want the proxy to cut it after its idle timeout", err)
+	}
+	waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "core", "route", "file_result"), 1)
+	waitMetricAtLeast(t, p, series("mdproxy_upstream_errors_total", "kind", "timeout", "route", "file_result"), 1)
+}
+
+// TestStalledReaderCut is case 4's sibling: a client that stops reading its answer is
+// cut after the body idle timeout, so that it does not pin Core's connection.
+func TestStalledReaderCut(t *testing.T) {
+	upstreamDone := make(chan error, 1)
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(256<<20))
+		_, err := io.CopyN(w, zeros{}, 256<<20)
+		upstreamDone <- err
+	})
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+	c := dial(t, p.proxyAddr)
+	_ = c.SetReadBuffer(4096)
+	if _, err := io.WriteString(c, "GET /file/converted/x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Read nothing: the proxy's writes fill the socket buffers and then block.
+	waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "client", "route", "sanitized_download"), 1)
+	select {
+	case err := <-upstreamDone:
+		if err == nil {
+			t.Errorf("upstream sent the whole 256 MiB to a client that reads nothing; want its answer cut")
+		}
+	case <-time.After(safety):
+		t.Errorf("upstream still sending %v after the client stopped reading; want Core's connection released", safety)
+	}
+}
+
+// TestStalledUploadCut is case 5: an upload whose client goes silent is cut after the
+// body idle timeout and counted; Core dying meanwhile answers 502 at once and is
+// counted as an upstream error.
+func TestStalledUploadCut(t *testing.T) {
+	t.Run("client silent", func(t *testing.T) {
+		upstreamErr := make(chan error, 1)
+		up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.Copy(io.Discard, r.Body)
+			upstreamErr <- err
+		})
+		p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+		c := dial(t, p.proxyAddr)
+		if _, err := io.WriteString(c, "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"+strings.Repeat("a", 1000)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("reading the answer to a stalled upload: %v; want 408", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusRequestTimeout || !bytes.Contains(body, []byte(`"err"`)) {
+			t.Errorf("stalled upload answer = %d %q, want 408 with Core's error format", resp.StatusCode, body)
+		}
+		select {
+		case err := <-upstreamErr:
+			if err == nil {
+				t.Errorf("upstream read the stalled upload to a clean end, want it cut")
+			}
+		case <-time.After(safety):
+			t.Errorf("upstream still reading the stalled upload after %v", safety)
+		}
+		waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "client", "route", "submit"), 1)
+		waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "408", "method", "POST", "route", "submit"), 1)
+	})
+
+	t.Run("Core dies meanwhile", func(t *testing.T) {
+		got := make(chan struct{})
+		var up *httptest.Server
+		up = newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.CopyN(io.Discard, r.Body, 1000)
+			close(got)
+			// Core dies: its connections close under the upload.
+			rc := http.NewResponseController(w)
+			if conn, _, err := rc.Hijack(); err == nil {
+				conn.Close()
+			}
+		})
+		// The default idle timeout, 60 s, is far beyond safety: only Core's death may
+		// end the exchange.
+		p := startBinary(t, up.URL, nil)
+		c := dial(t, p.proxyAddr)
+		if _, err := io.WriteString(c, "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"+strings.Repeat("a", 1000)); err != nil {
+			t.Fatal(err)
+		}
+		<-got
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("reading the answer after Core died: %v; want 502", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("upload when Core died = %d %q, want 502", resp.StatusCode, body)
+		}
+		waitMetricAtLeast(t, p, series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit"), 1)
+		if !strings.Contains(p.logs.String(), `"msg":"upstream error"`) {
+			t.Errorf("logs = %s, want an upstream error line", p.logs.String())
+		}
+	})
+}
+
+// TestUpgradeNeverRelayed is case 6: a request asking for a protocol switch reaches
+// Core as a plain request, and a 101 from Core never reaches the client; every later
+// request on the connection still goes through the limiter.
+func TestUpgradeNeverRelayed(t *testing.T) {
+	var upgrades atomic.Int64
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "" || strings.Contains(strings.ToLower(r.Header.Get("Connection")), "upgrade") {
+			upgrades.Add(1)
+		}
+		if r.URL.Path == "/file/always101" || r.Header.Get("Upgrade") != "" {
+			conn, bw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+			_ = bw.Flush()
+			_, _ = io.Copy(io.Discard, conn) // a tunnel: everything goes unseen
+			return
+		}
+		_, _ = io.WriteString(w, "plain")
+	})
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_FILE_RESULT_RATE": "1", "MDPROXY_FILE_RESULT_BURST": "2"})
+	for _, tt := range []struct{ path, upgrade string }{
+		{"/file/x", "h2c"}, {"/file/x", "websocket"}, {"/file/always101", "h2c"},
+	} {
+		c := dial(t, p.proxyAddr)
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: %s\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n", tt.path, tt.upgrade)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Errorf("GET %s Upgrade: %s: %v", tt.path, tt.upgrade, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			t.Errorf("GET %s Upgrade: %s = 101, want no protocol switch", tt.path, tt.upgrade)
+		}
+		c.Close()
+	}
+	if n := upgrades.Load(); n != 0 {
+		t.Errorf("requests reaching Core with Upgrade = %d, want 0", n)
+	}
+	// Every request above went through the bucket (burst 2): the third was refused.
+	waitMetricAtLeast(t, p, series("mdproxy_limiter_decisions_total", "decision", "rejected", "route", "file_result"), 1)
+}
+
+// TestNo1xxToHTTP10 is case 7: an HTTP/1.0 client never receives an informational
+// status (RFC 9110, section 15.2), neither 100 Continue nor Core's 103.
+func TestNo1xxToHTTP10(t *testing.T) {
+	var expects atomic.Int64
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Expect") != "" {
+			expects.Add(1)
+		}
+		if r.Method == http.MethodGet {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"data_id":"d1"}`)
+	})
+	p := startBinary(t, up.URL, nil)
+	for _, req := range []string{
+		"POST /file HTTP/1.0\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello",
+		"GET /file/x HTTP/1.0\r\nHost: x\r\n\r\n",
+	} {
+		c := dial(t, p.proxyAddr)
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAll(c)
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("reading the answer to %q: %v", req, err)
+		}
+		if strings.Contains(got, " 100 ") || strings.Contains(got, " 103 ") || !strings.HasPrefix(got, "HTTP/1.0 200 ") {
+			t.Errorf("answer to HTTP/1.0 %q = %q, want a single HTTP/1.0 200, no 1xx", strings.SplitN(req, "\r\n", 2)[0], got)
+		}
+	}
+	if n := expects.Load(); n != 0 {
+		t.Errorf("requests reaching Core with Expect from an HTTP/1.0 client = %d, want 0", n)
+	}
+	// An HTTP/1.1 client still gets Core's 103.
+	c := dial(t, p.proxyAddr)
+	_, _ = io.WriteString(c, "GET /file/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if got, _ := readAll(c); !strings.HasPrefix(got, "HTTP/1.1 103 ") {
+		t.Errorf("answer to an HTTP/1.1 client = %q, want Core's 103 first", got)
+	}
+}

@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors that end an exchange on a stalled or vanished peer. classify and the
+// handler's recovery read them to answer and count each case.
+var (
+	// errClientIdle: the client sent no byte of its request body for the body idle
+	// timeout.
+	errClientIdle = errors.New("the client sent nothing of its request body for the body idle timeout")
+	// errCoreGone: Core's connection closed while the client's request body was
+	// still being read; the read was cut so that the client learns it at once.
+	errCoreGone = errors.New("Core closed the connection before the request body was sent")
+)
+
+// exchangeKey is the context key of a forwarded request's *exchange.
+type exchangeKey struct{}
+
+// deadliner is what the connection of an answer offers to bound its reads and writes:
+// net/http's own ResponseWriter has both methods (the ones http.ResponseController
+// calls).
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
+// exchange is the state of one forwarded request in both directions. It bounds how
+// long the client may make no progress sending its body, records why Core's response
+// body ended early, and cuts the client's upload at once when Core's connection closes
+// under it. It is safe for concurrent use: the transport's goroutines read the request
+// body and close Core's connection while the handler's goroutine answers.
+type exchange struct {
+	idle   time.Duration // 0: no idle bound
+	client deadliner     // nil when the ResponseWriter has no deadlines
+
+	mu       sync.Mutex
+	bodyDone bool // the request body was read to its end (or has none)
+	finished bool // the handler returned: the client connection is no longer ours
+	coreGone bool // Core's connection closed while the request body was being read
+
+	reqBytes atomic.Int64
+	reqErr   atomic.Pointer[error] // the first error reading the request body, not EOF
+	respErr  atomic.Pointer[error] // the first error reading Core's response body, not EOF
+}
+
+func newExchange(w http.ResponseWriter, idle time.Duration) *exchange {
+	ex := &exchange{idle: idle}
+	ex.client, _ = w.(deadliner)
+	if ex.client == nil {
+		ex.idle = 0
+	}
+	return ex
+}
+
+// requestBody wraps the client's request body: it counts bytes, bounds the wait for
+// each read by the idle timeout, and ends with errCoreGone once Core has gone.
+type requestBody struct {
+	io.ReadCloser
+	ex *exchange
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	ex := b.ex
+	ex.mu.Lock()
+	if ex.coreGone {
+		ex.mu.Unlock()
+		return 0, errCoreGone
+	}
+	if ex.idle > 0 {
+		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
+	}
+	ex.mu.Unlock()
+
+	n, err := b.ReadCloser.Read(p)
+	ex.reqBytes.Add(int64(n))
+	if err == nil {
+		return n, nil
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	switch {
+	case err == io.EOF:
+		ex.bodyDone = true
+		// The server's background read of the connection starts now: it must not
+		// inherit the idle deadline, or a slow answer from Core would cut it.
+		if ex.idle > 0 && !ex.finished {
+			_ = ex.client.SetReadDeadline(time.Time{})
+		}
+		return n, err
+	case ex.coreGone:
+		err = errCoreGone
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = errClientIdle
+	}
+	ex.reqErr.CompareAndSwap(nil, &err)
+	return n, err
+}
+
+// requestFailed returns the error that ended the request body early, or nil.
+func (ex *exchange) requestFailed() error {
+	if p := ex.reqErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// responseFailed returns the error that ended Core's response body early, or nil.
+func (ex *exchange) responseFailed() error {
+	if p := ex.respErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// coreClosed is called when Core's connection carrying this request closes. While the
+// request body is still being read, nothing can reach Core any more: the client's
+// pending read is cut (its deadline set to now), so that the transport gives up and
+// the client is answered 502 instead of waiting on an upload that goes nowhere.
+func (ex *exchange) coreClosed() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.bodyDone || ex.finished || ex.coreGone {
+		return
+	}
+	ex.coreGone = true
+	if ex.client != nil {
+		_ = ex.client.SetReadDeadline(time.Now())
+	}
+}
+
+// finish is called when the handler returns: the client connection goes back to the
+// server, without the deadlines this exchange set.
+func (ex *exchange) finish() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.finished = true
+	if ex.idle > 0 {
+		_ = ex.client.SetWriteDeadline(time.Time{})
+		if !ex.bodyDone {
+			_ = ex.client.SetReadDeadline(time.Time{})
+		}
+	}
+}
+
+// armWrite bounds the next write to the client by the idle timeout: a client that
+// stops reading its answer must not pin Core's connection.
+func (ex *exchange) armWrite() {
+	if ex.idle > 0 {
+		_ = ex.client.SetWriteDeadline(time.Now().Add(ex.idle))
+	}
+}
+
+// trace returns ctx with a ClientTrace that ties Core's connection to ex, so that its
+// closing reaches coreClosed.
+func (ex *exchange) trace(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if c := coreConnOf(info.Conn); c != nil {
+				c.watch(ex.coreClosed)
+			}
+		},
+	})
+}
+
+// responseBody wraps Core's response body and records the error that ended it early.
+type responseBody struct {
+	io.ReadCloser
+	ex *exchange
+}
+
+func (b *responseBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.ex.respErr.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+// exchangeOf returns the exchange of a request forwarded by the proxy, or nil.
+func exchangeOf(r *http.Request) *exchange {
+	ex, _ := r.Context().Value(exchangeKey{}).(*exchange)
+	return ex
+}
+
+// isDeadline reports whether err is a read or write deadline passing.
+func isDeadline(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
