@@ -107,3 +107,27 @@ func TestCanceledWaitersKeepRate(t *testing.T) {
 		t.Errorf("requests let through in %v at %v/s with canceling waiters = %d, want %d to 42", period, rate, total, want)
 	}
 }
+
+// TestCanceledWaiterClientShareGivenBack checks the per-client sibling of the slot
+// lost on cancel: a request that gave up while waiting never reached Core, so it must
+// not use up its client's share either.
+func TestCanceledWaiterClientShareGivenBack(t *testing.T) {
+	clock := newFakeClock()
+	// A share of 2 a minute: a window no test run crosses but at its very edge.
+	b := mustBucket(t, limiter.Limit{Rate: 20, Burst: 1, MaxWait: time.Second, ClientLimit: 2, ClientWindow: time.Minute}, clock.Now)
+	if d := acquire(b, "k"); d.Outcome != limiter.Allowed {
+		t.Fatalf("Acquire() #1 = %v, want allowed", d.Outcome)
+	}
+	// The second request of k waits for its token, then gives up.
+	if d := b.Acquire(canceledCtx(), newRequest(), "k"); d.Outcome != limiter.Canceled {
+		t.Fatalf("Acquire(canceled) #2 = %v, want canceled", d.Outcome)
+	}
+	// Its share still has room for one: the wait is the outcome, not a share refusal.
+	clock.Advance(time.Second)
+	if d := acquire(b, "k"); d.Outcome != limiter.Allowed {
+		t.Errorf("Acquire() #3 after a canceled wait = %+v, want allowed (the canceled request given back to the share)", d)
+	}
+	if d := acquire(b, "k"); d.Outcome != limiter.RejectedClient {
+		t.Errorf("Acquire() #4 = %+v, want rejected_client (share of 2 used)", d)
+	}
+}

@@ -167,6 +167,29 @@ func (c *clientCounter) Get(key string, currentWindow, previousWindow time.Time)
 	return 0, 0, nil
 }
 
+// giveBack takes back one request of key counted in the window starting at window: a
+// request that gave up while it waited for its token, and so never reached Core, does
+// not use up its client's share. Nothing happens for a key no longer tracked, or whose
+// request no longer weighs in the sliding window.
+func (c *clientCounter) giveBack(key string, window time.Time) {
+	h := maphash.String(c.seed, key)
+	start := window.UnixNano()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.keys[h]
+	switch {
+	case !ok:
+		return
+	case e.start == start && e.cur > 0:
+		e.cur--
+	case e.start == start+int64(c.window) && e.prev > 0:
+		e.prev--
+	default:
+		return
+	}
+	c.keys[h] = e
+}
+
 // rolled returns e moved to the window starting at start: its counts unchanged when it
 // is already there, its current count as the previous one when start is the next
 // window, and nothing counted when e is older than that.

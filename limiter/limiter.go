@@ -137,6 +137,10 @@ type waiter struct {
 	res   *rate.Reservation
 	at    time.Time // its turn, on the bucket's clock
 	moved chan struct{}
+	// client and window are the per-client key and the share's window it was counted
+	// in, given back if it gives up; client is "" without a per-client share.
+	client string
+	window time.Time
 }
 
 // NewBucket returns the bucket for l. now is the clock of the global bucket (nil means
@@ -241,13 +245,18 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 			return Decision{Outcome: Rejected, RetryAfter: delay}
 		}
 	}
-	if b.client != nil && b.client.OnLimit(discardHeaders{}, r, client) {
-		b.mu.Unlock()
+	var counted time.Time // the per-client window this request is counted in
+	if b.client != nil {
 		window := b.limit.ClientWindow
 		if window == 0 {
 			window = time.Second
 		}
-		return Decision{Outcome: RejectedClient, RetryAfter: window}
+		// httprate's windows, with a counter of our own: the wall clock truncated.
+		counted = time.Now().UTC().Truncate(window)
+		if b.client.OnLimit(discardHeaders{}, r, client) {
+			b.mu.Unlock()
+			return Decision{Outcome: RejectedClient, RetryAfter: window}
+		}
 	}
 	if b.global == nil {
 		b.mu.Unlock()
@@ -259,6 +268,9 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 		return Decision{Outcome: Allowed}
 	}
 	w := &waiter{res: res, at: now.Add(delay), moved: make(chan struct{}, 1)}
+	if b.client != nil {
+		w.client, w.window = client, counted
+	}
 	b.waiting = append(b.waiting, w)
 	b.mu.Unlock()
 	return b.wait(ctx, w, now, delay)
@@ -268,7 +280,8 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 // would, with x/time/rate alone, give back no token while later reservations exist
 // (golang/go#56924): the route would lose that slot, and Core receive less than the
 // configured rate. So the requests behind it move up one turn each, and it is the
-// last reservation, whose token x/time/rate restores in full, that is canceled.
+// last reservation, whose token x/time/rate restores in full, that is canceled. The
+// request is also taken back from its client's share.
 func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time, delay time.Duration) Decision {
 	t := time.NewTimer(delay)
 	defer t.Stop()
@@ -316,6 +329,9 @@ func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
 	b.waiting = slices.Delete(b.waiting, i, i+1)
 	if canceled {
 		last.CancelAt(now)
+		if b.clients != nil {
+			b.clients.giveBack(w.client, w.window)
+		}
 	}
 }
 
