@@ -2,7 +2,12 @@
 // limit (shared/seed/README.md) against an emulated or a real Core, with and without
 // mdproxy, and prints the published table beside its own. See the README.
 //
-// Exit codes: 0 success, 1 a run failed or a --check did not hold, 2 bad flags.
+// With --soak DURATION it runs a soak instead: mdproxy's binary in front of an emulator
+// under a steady mix of uploads and polls, its memory and goroutines read from its own
+// /metrics over time (see bench.Soak).
+//
+// Exit codes: 0 success, 1 a run failed, a --check did not hold or a soak was not flat,
+// 2 bad flags.
 package main
 
 import (
@@ -15,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +67,9 @@ type options struct {
 	chartPath    string
 	check        bool
 	concurrency  int
+	soak         time.Duration // 0: the benchmark's cases, no soak
+	soakInterval time.Duration
+	mdproxyBin   string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -73,15 +82,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
 	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver, reachable by a real Core (default: a free loopback port)")
-	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick); with --core-url, that of an emulator started apart (default 1: a real Core)")
+	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick; 1 in a soak); with --core-url, that of an emulator started apart (default 1: a real Core)")
 	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
 	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(cache, "mdbench"), "where the data set is generated and cached")
 	fs.StringVar(&o.seedCSV, "seed-csv", filepath.Join("..", "shared", "seed", "benchmark.csv"), "the published table (built-in copy used when absent)")
-	fs.StringVar(&o.jsonPath, "json", "", "write the figures as JSON to this file")
-	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case to this .png or .svg file")
+	fs.StringVar(&o.jsonPath, "json", "", "write the figures (a soak's samples and verdict) as JSON to this file")
+	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case (a soak's series over time) to this .png or .svg file")
 	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook and no submission was lost")
 	fs.IntVar(&o.concurrency, "fetch-concurrency", bench.SeedWorkload.FetchConcurrency, "fetches in flight at most (the client's connection pool)")
+	fs.DurationVar(&o.soak, "soak", 0, "run a soak of this duration instead of the cases (e.g. 30m): mdproxy's binary in front of an emulator under a steady mix of uploads and polls, its memory and goroutines read from its /metrics; exits 1 unless they stay flat")
+	fs.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "time between two samples of mdproxy's /metrics in a soak")
+	fs.StringVar(&o.mdproxyBin, "mdproxy-bin", "", "the mdproxy binary a soak runs (default: built from ./cmd/mdproxy with the go command on PATH)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -94,6 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.speedup < 0 || o.submissions < 0 || o.files < 0 || o.concurrency < 1 {
 		return nil, usageError{errors.New("--speedup, --submissions, --files must be >= 0 and --fetch-concurrency >= 1")}
 	}
+	if o.soak < 0 || o.soakInterval <= 0 || (o.soak > 0 && o.soak < 6*o.soakInterval) {
+		return nil, usageError{fmt.Errorf("--soak %v, --soak-interval %v: want an interval above 0 and a soak of at least 6 intervals", o.soak, o.soakInterval)}
+	}
 	return o, nil
 }
 
@@ -104,6 +119,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.soak > 0 {
+		return runSoak(ctx, o, environ, stdout, stderr)
 	}
 	var scenarios []bench.Scenario
 	for _, name := range strings.Split(o.scenarios, ",") {
@@ -120,9 +138,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return usageError{err}
 	}
-	if unknown := envconf.Unknown(coresim.EnvPrefix, environ, envconf.Names[coresim.Config](coresim.EnvPrefix)); len(unknown) > 0 {
-		fmt.Fprintf(stderr, "mdbench: unknown variables ignored (misspelt?): %s\n", strings.Join(unknown, ", "))
-	}
+	warnUnknown(environ, stderr)
 	if v, ok := environ[coresim.EnvPrefix+"FETCH_LIMIT"]; ok {
 		fmt.Fprintf(stderr, "mdbench: %sFETCH_LIMIT=%s ignored: each case sets Core's limit (Rate-N)\n", coresim.EnvPrefix, v)
 	}
@@ -141,9 +157,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if o.speedup > 0 {
 		simCfg.Speedup = o.speedup
 	}
-	// One model step per 60 ms of virtual time at most, so that latencies of tens of
-	// milliseconds stay visible whatever the speed-up.
-	simCfg.Tick = max(500*time.Microsecond, time.Duration(float64(60*time.Millisecond)/simCfg.Speedup))
+	simCfg.Tick = tick(simCfg.Speedup)
 	work.FetchConcurrency = o.concurrency
 	work.APIKey = o.apiKey
 	env := bench.Env{CoreURL: strings.TrimRight(o.coreURL, "/"), Sim: simCfg, CallbackAddr: o.callbackAddr,
@@ -200,6 +214,77 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		}
 		fmt.Fprintln(stderr, "mdbench: checks hold")
 	}
+	return nil
+}
+
+// warnUnknown warns on stderr about CORESIM_* variables in environ that the emulator
+// does not know.
+func warnUnknown(environ map[string]string, stderr io.Writer) {
+	if unknown := envconf.Unknown(coresim.EnvPrefix, environ, envconf.Names[coresim.Config](coresim.EnvPrefix)); len(unknown) > 0 {
+		fmt.Fprintf(stderr, "mdbench: unknown variables ignored (misspelt?): %s\n", strings.Join(unknown, ", "))
+	}
+}
+
+// tick is the emulator's model step at speedup: one step per 60 ms of virtual time at
+// most, so that latencies of tens of milliseconds stay visible whatever the speed-up.
+func tick(speedup float64) time.Duration {
+	return max(500*time.Microsecond, time.Duration(float64(60*time.Millisecond)/speedup))
+}
+
+// runSoak is mdbench --soak: the emulator (CORESIM_* from environ, real time unless
+// --speedup) with the small data set, mdproxy's binary with the soak's settings and
+// the MDPROXY_* variables of environ. It prints the samples' table to stdout, writes
+// --json and --chart, and fails if the soak did not run or was not flat.
+func runSoak(ctx context.Context, o *options, environ map[string]string, stdout, stderr io.Writer) error {
+	simCfg, err := coresim.LoadConfig(environ)
+	if err != nil {
+		return usageError{err}
+	}
+	warnUnknown(environ, stderr)
+	simCfg.Speedup = 1
+	if o.speedup > 0 {
+		simCfg.Speedup = o.speedup
+	}
+	simCfg.Tick = tick(simCfg.Speedup)
+	spec := bench.QuickData
+	if o.files > 0 {
+		spec.Files = o.files
+	}
+	fmt.Fprintf(stderr, "mdbench: data set of %d files under %s\n", spec.Files, o.dataDir)
+	files, err := bench.LoadOrGenerate(o.dataDir, spec)
+	if err != nil {
+		return err
+	}
+	var proxyEnv []string
+	for k, v := range environ {
+		if strings.HasPrefix(k, "MDPROXY_") {
+			proxyEnv = append(proxyEnv, k+"="+v)
+		}
+	}
+	slices.Sort(proxyEnv)
+	res, err := bench.Soak(ctx, bench.SoakConfig{Duration: o.soak, Interval: o.soakInterval,
+		MdproxyBin: o.mdproxyBin, ProxyEnv: proxyEnv, Sim: simCfg, Files: files, Progress: stderr})
+	if res != nil && len(res.Samples) > 0 {
+		bench.WriteSoakTable(stdout, res)
+		if o.jsonPath != "" {
+			b, _ := json.MarshalIndent(res, "", "  ")
+			if werr := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); werr != nil {
+				return errors.Join(err, werr)
+			}
+		}
+		if o.chartPath != "" {
+			if cerr := bench.SoakChart(o.chartPath, res); cerr != nil {
+				return errors.Join(err, cerr)
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if !res.Verdict.Flat {
+		return errors.New("soak: mdproxy's memory, goroutines or descriptors did not stay flat (see the verdict)")
+	}
+	fmt.Fprintln(stderr, "mdbench: soak flat")
 	return nil
 }
 
