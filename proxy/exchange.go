@@ -41,8 +41,9 @@ type deadliner interface {
 // under it. It is safe for concurrent use: the transport's goroutines read the request
 // body and close Core's connection while the handler's goroutine answers.
 type exchange struct {
-	idle   time.Duration // 0: no idle bound
-	client deadliner     // nil when the ResponseWriter has no deadlines
+	idle   time.Duration   // 0: no idle bound
+	client deadliner       // nil when the ResponseWriter has no deadlines
+	ctx    context.Context // the client's request context
 
 	mu       sync.Mutex
 	bodyDone bool // the request body was read to its end (or has none)
@@ -54,8 +55,8 @@ type exchange struct {
 	respErr  atomic.Pointer[error] // the first error reading Core's response body, not EOF
 }
 
-func newExchange(w http.ResponseWriter, idle time.Duration) *exchange {
-	ex := &exchange{idle: idle}
+func newExchange(w http.ResponseWriter, r *http.Request, idle time.Duration) *exchange {
+	ex := &exchange{idle: idle, ctx: r.Context()}
 	ex.client, _ = w.(deadliner)
 	if ex.client == nil {
 		ex.idle = 0
@@ -127,10 +128,13 @@ func (ex *exchange) responseFailed() error {
 // request body is still being read, nothing can reach Core any more: the client's
 // pending read is cut (its deadline set to now), so that the transport gives up and
 // the client is answered 502 instead of waiting on an upload that goes nowhere.
+//
+// A client that went away first makes the transport close Core's connection too: that
+// is the client leaving (499), not Core going away.
 func (ex *exchange) coreClosed() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	if ex.bodyDone || ex.finished || ex.coreGone {
+	if ex.bodyDone || ex.finished || ex.coreGone || ex.ctx.Err() != nil {
 		return
 	}
 	ex.coreGone = true

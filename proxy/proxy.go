@@ -306,7 +306,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		abort(rec)
 	}
 
-	ex := newExchange(w, rt.bodyIdle)
+	ex := newExchange(w, r, rt.bodyIdle)
 	defer ex.finish()
 	rec.ex = ex
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)

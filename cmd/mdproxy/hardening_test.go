@@ -19,6 +19,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mdproxy/mdproxy/coresim"
 )
 
 // newLoopback starts h on a loopback httptest.Server closed by cleanup.
@@ -232,13 +236,60 @@ func earlyRefusal(read int64) http.HandlerFunc {
 	}
 }
 
+// abruptRefusal is a raw upstream that reads a request's headers and read bytes of its
+// body, answers 400 {"err":"x"} with Connection: close and closes the socket at once,
+// its receive buffer unread: the peer's writes then fail with a reset, as with a Core
+// that closes without lingering. It serves until cleanup.
+func abruptRefusal(t *testing.T, read int64) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(safety))
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if line == "\r\n" {
+						break
+					}
+				}
+				if read > 0 {
+					_, _ = io.CopyN(io.Discard, br, read)
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"err\":\"x\"}")
+			})
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
 // rawUpload sends a POST /file of size bytes on a raw connection, writing the body in
 // the background while it reads the answer, as curl does; it returns the status and
 // body of the answer ("" and 0 when the connection was cut first).
 func rawUpload(t *testing.T, addr string, size int64, expect bool) (int, string) {
 	t.Helper()
+	return rawUploadWith(t, addr, size, expect, "")
+}
+
+// rawUploadWith is rawUpload with more header lines (each ending in "\r\n").
+func rawUploadWith(t *testing.T, addr string, size int64, expect bool, headers string) (int, string) {
+	t.Helper()
 	c := dial(t, addr)
-	head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n", size)
+	head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n", size) + headers
 	if expect {
 		head += "Expect: 100-continue\r\n"
 	}
@@ -279,16 +330,25 @@ func TestEarlyRefusalRelayed(t *testing.T) {
 		name   string
 		read   int64
 		expect bool
+		abrupt bool // the upstream closes without lingering
 	}{
-		{"after 2 MiB, Expect: 100-continue", 2 << 20, true},
-		{"after 2 MiB", 2 << 20, false},
-		{"at once, Expect: 100-continue", 0, true},
-		{"at once", 0, false},
+		{"after 2 MiB, Expect: 100-continue", 2 << 20, true, false},
+		{"after 2 MiB", 2 << 20, false, false},
+		{"at once, Expect: 100-continue", 0, true, false},
+		{"at once", 0, false, false},
+		{"after 2 MiB, closing abruptly", 2 << 20, false, true},
+		{"after 2 MiB, closing abruptly, Expect: 100-continue", 2 << 20, true, true},
+		{"at once, closing abruptly", 0, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			up := newLoopback(t, earlyRefusal(tt.read))
-			p := startBinary(t, up.URL, nil)
+			var upstream string
+			if tt.abrupt {
+				upstream = abruptRefusal(t, tt.read)
+			} else {
+				upstream = newLoopback(t, earlyRefusal(tt.read)).URL
+			}
+			p := startBinary(t, upstream, nil)
 			const runs = 8
 			for i := range runs {
 				code, body := rawUpload(t, p.proxyAddr, 50<<20, tt.expect)
@@ -526,5 +586,105 @@ func TestNo1xxToHTTP10(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /file/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	if got, _ := readAll(c); !strings.HasPrefix(got, "HTTP/1.1 103 ") {
 		t.Errorf("answer to an HTTP/1.1 client = %q, want Core's 103 first", got)
+	}
+}
+
+// TestCoreRefusalsRelayed is case 3 with the emulated Core: its refusals of an upload
+// before reading it (a wrong apikey: 403; a full scan queue: 503) reach the client as
+// Core's answers, every time.
+func TestCoreRefusalsRelayed(t *testing.T) {
+	cfg := coresim.DefaultConfig()
+	cfg.APIKey = "secret"
+	cfg.QueueSize = 1
+	sim, err := coresim.New(cfg, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The model does not run: the one file queued below stays queued, and the queue full.
+	core := httptest.NewServer(sim.Handler())
+	t.Cleanup(core.Close)
+	p := startBinary(t, core.URL, nil)
+	c := newClient(t)
+	req, _ := http.NewRequest(http.MethodPost, p.proxyURL+"/file", strings.NewReader("first"))
+	req.Header.Set("apikey", "secret")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first upload = %d, want 200 (queued)", resp.StatusCode)
+	}
+	for _, tt := range []struct {
+		name, apikey string
+		code         int
+		body         string
+	}{
+		{"wrong apikey", "wrong", http.StatusForbidden, `{"err":"Access denied"}`},
+		{"scan queue full", "secret", http.StatusServiceUnavailable, `{"err":"Server is too busy. Try again later."}`},
+	} {
+		for _, expect := range []bool{true, false} {
+			for i := range 4 {
+				code, body := rawUploadWith(t, p.proxyAddr, 50<<20, expect, "apikey: "+tt.apikey+"\r\n")
+				if code != tt.code || strings.TrimSpace(body) != tt.body {
+					t.Errorf("%s, Expect %v, #%d: 50 MiB upload = %d %q, want Core's %d %s", tt.name, expect, i, code, body, tt.code, tt.body)
+				}
+			}
+		}
+	}
+	m := p.metrics(t)
+	for _, kind := range []string{"refused", "reset", "timeout", "other"} {
+		if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+			t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
+		}
+	}
+}
+
+// TestCoreStopsReadingCut is case 5's sibling on Core's side: Core that stops reading
+// an upload is cut after the body idle timeout, the client answered 504 and the
+// exchange counted, instead of pinning both connections.
+func TestCoreStopsReadingCut(t *testing.T) {
+	release := make(chan struct{})
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.CopyN(io.Discard, r.Body, 1<<20)
+		select { // then reads no more
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+	code, body := rawUpload(t, p.proxyAddr, 512<<20, false)
+	if code != http.StatusGatewayTimeout || !strings.Contains(body, "no progress") {
+		t.Errorf("upload Core stopped reading = %d %q, want 504 saying Core made no progress", code, body)
+	}
+	waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "core", "route", "submit"), 1)
+	waitMetricAtLeast(t, p, series("mdproxy_upstream_errors_total", "kind", "timeout", "route", "submit"), 1)
+}
+
+// TestAbandonedUploadIs499 is case 1's kind seen from the counting side: a client that
+// leaves midway through its upload makes the proxy close Core's connection too; that is
+// the client leaving (499), never Core going away (502, an upstream error).
+func TestAbandonedUploadIs499(t *testing.T) {
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	})
+	p := startBinary(t, up.URL, nil)
+	const runs = 20
+	for range runs {
+		c := dial(t, p.proxyAddr)
+		fmt.Fprintf(c, "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 64<<20)
+		_, _ = io.CopyN(c, zeros{}, 1<<20)
+		c.Close()
+	}
+	waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "499", "method", "POST", "route", "submit"), runs)
+	m := p.metrics(t)
+	for _, code := range []string{"502", "504", "400", "200"} {
+		if v, _ := metricValue(m, series("mdproxy_requests_total", "code", code, "method", "POST", "route", "submit")); v != 0 {
+			t.Errorf("abandoned uploads counted with code %s = %v, want 0 (all 499)", code, v)
+		}
+	}
+	if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit")); v != 0 {
+		t.Errorf("abandoned uploads counted as Core resetting = %v, want 0", v)
 	}
 }
