@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// fuzzMethods are the methods FuzzCanonicalPath sends, picked by a byte of its input.
+var fuzzMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete,
+	http.MethodPatch, http.MethodOptions, "PROPFIND",
+}
+
+// FuzzCanonicalPath feeds request targets, read as net/http's server reads them, to
+// CanonicalPath and to the proxy's handler. It checks that ok is false exactly for an
+// encoded slash or backslash in the raw path, or a backslash or NUL in the decoded
+// one; that a canonical path is absolute, clean, lower case and its own canonical path;
+// that respellings Core resolves alike (case, extra slashes, "." and ".." segments)
+// share the canonical path; and that the route the handler counts a target under is
+// the route of its canonical path, while a refused target is answered 400 under
+// "other" without reaching Core.
+func FuzzCanonicalPath(f *testing.F) {
+	seeds := []string{"/", "*", "/file", "/file/x", "/file/abc123/cancel", "/file/converted/x",
+		"/file/webhook/x", "/file/rules", "/file/batch", "/file/batch/b1", "/file/batch/b1/close",
+		"/file/batch/b1/certificate", "/hash/ABCDEF", "/login", "/logout", "/version",
+		"/stat/nodes", "/stat/engines", "/readyz", "/admin", "/admin/sub/x",
+		"/file/x?verbose=1&a=%2F", "http://core:8008/file/x", "/file/x#frag",
+		"/file/%E2%82%AC", "/file/a%20b", "/hash/ABCDEF%30", "/file/%252F",
+		"/file/%2e%2e/hash/x", "/%2E%2E/%2e%2e/admin", "/file/.%2e/version", "/file/x/..",
+		"/file/%00", "/file/x%2Fy", "/file/x%2fy", "/file/x%5Cy", "/file/x%5cy", `/file\x`,
+		"/%2Ffile/x", "/admin%2F..%2Ffile/x", "/file/\u212a", "/file/webhoo\u212a/x",
+		"/FILE/BATCH/B/CLOSE", "/%C3%A9/../file/x", "/file/%ff", "/ADMIN/", "/admin/..",
+		"///file///x///", "/file/x/./", "/./././file/x",
+	}
+	seeds = append(seeds, pathVariants...)
+	for i, s := range seeds {
+		f.Add(s, uint8(i))
+	}
+
+	h := newRouteProbe(f)
+	f.Fuzz(func(t *testing.T, target string, m uint8) {
+		method := fuzzMethods[int(m)%len(fuzzMethods)]
+		r := readTarget(method, target)
+		if r == nil {
+			t.Skip("net/http's server refuses this request line")
+		}
+		got, ok := CanonicalPath(r.URL)
+
+		raw := rawPath(target, r.URL)
+		wantOK := !strings.Contains(strings.ToLower(raw), "%2f") &&
+			!strings.Contains(strings.ToLower(raw), "%5c") &&
+			!strings.ContainsAny(r.URL.Path, "\\\x00")
+		if ok != wantOK {
+			t.Fatalf("CanonicalPath(%q) = %q, %v, want ok %v (raw path %q, decoded %q)", target, got, ok, wantOK, raw, r.URL.Path)
+		}
+
+		route, code, forwarded := h.serve(t, r)
+		if !ok {
+			if got != "" {
+				t.Errorf("CanonicalPath(%q) = %q, false, want \"\" with false", target, got)
+			}
+			if route != RouteOther || code != http.StatusBadRequest || forwarded {
+				t.Errorf("%s %s: route %q, status %d, forwarded %v, want %q, 400, not forwarded", method, target, route, code, forwarded, RouteOther)
+			}
+			return
+		}
+
+		checkCanonical(t, target, got)
+		if again, ok := CanonicalPath(&url.URL{Path: got}); again != got || !ok {
+			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true (fixed point; from target %q)", got, again, ok, got, target)
+		}
+
+		// The canonical path, sent as a target of its own, is routed as the target was.
+		canon := (&url.URL{Path: got}).EscapedPath()
+		cr := readTarget(method, canon)
+		if cr == nil {
+			t.Fatalf("canonical target %q of %q does not parse", canon, target)
+		}
+		if cp, ok := CanonicalPath(cr.URL); cp != got || !ok {
+			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true (canonical target of %q)", canon, cp, ok, got, target)
+		}
+		if croute, _, _ := h.serve(t, cr); croute != route {
+			t.Errorf("%s %s: route %q, want %q, the route of its canonical target %s", method, target, route, croute, canon)
+		}
+
+		// Spellings of the same path that Core resolves alike: same canonical path.
+		if !strings.HasPrefix(target, "/") {
+			return
+		}
+		p, q, hasQuery := strings.Cut(target, "?")
+		if hasQuery {
+			q = "?" + q
+		}
+		for _, v := range []string{"/" + p + q, p + "/" + q, p + "/." + q, "/%2E" + p + q, "/x/.." + p + q, upperASCII(p) + q} {
+			vr := readTarget(method, v)
+			if vr == nil {
+				continue
+			}
+			if vp, vok := CanonicalPath(vr.URL); vp != got || !vok {
+				t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true as for %q", v, vp, vok, got, target)
+			}
+		}
+		if v := upperASCII(p) + q; v != target {
+			if vr := readTarget(method, v); vr != nil {
+				if vroute, _, _ := h.serve(t, vr); vroute != route {
+					t.Errorf("%s %s: route %q, want %q as for %s", method, v, vroute, route, target)
+				}
+			}
+		}
+	})
+}
+
+// checkCanonical fails t unless c, the canonical path of target, starts with "/", has
+// no empty, "." or ".." segment, no trailing slash (but for "/"), and is lower case.
+func checkCanonical(t *testing.T, target, c string) {
+	t.Helper()
+	if !strings.HasPrefix(c, "/") {
+		t.Errorf("CanonicalPath(%q) = %q, want a leading /", target, c)
+	}
+	if c != "/" && strings.HasSuffix(c, "/") {
+		t.Errorf("CanonicalPath(%q) = %q, want no trailing /", target, c)
+	}
+	if strings.Contains(c, "//") {
+		t.Errorf("CanonicalPath(%q) = %q, want no //", target, c)
+	}
+	for _, seg := range strings.Split(c, "/") {
+		if seg == "." || seg == ".." {
+			t.Errorf("CanonicalPath(%q) = %q, want no %q segment", target, c, seg)
+		}
+	}
+	if l := strings.ToLower(c); l != c {
+		t.Errorf("CanonicalPath(%q) = %q, want lower case %q", target, c, l)
+	}
+}
+
+// readTarget returns the request that net/http's server reads from the request line
+// "method target HTTP/1.1" (url.ParseRequestURI on the target), or nil when it refuses
+// the line.
+func readTarget(method, target string) *http.Request {
+	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(method + " " + target + " HTTP/1.1\r\nHost: mdproxy.test\r\n\r\n")))
+	if err != nil || r.RequestURI != target {
+		return nil
+	}
+	r.RemoteAddr = "192.0.2.1:1234"
+	return r
+}
+
+// rawPath returns the path of target as the client wrote it, before decoding: for an
+// origin-form target ("/a%2Fb?q") its part before "?"; otherwise the escaped path that
+// url.ParseRequestURI kept (RawPath, set when the spelling is not the default one).
+func rawPath(target string, u *url.URL) string {
+	if strings.HasPrefix(target, "/") {
+		p, _, _ := strings.Cut(target, "?")
+		return p
+	}
+	if u.RawPath != "" {
+		return u.RawPath
+	}
+	return u.EscapedPath()
+}
+
+// upperASCII returns s with its ASCII letters in upper case, other bytes untouched.
+func upperASCII(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return string(b)
+}
+
+// routeProbe is the proxy built by New in front of an upstream that answers 200 in
+// memory, served in process: serve tells the route a request was counted under. Not
+// newTestProxy: a fuzzer sends thousands of requests a second, which over loopback
+// would spend its time in sockets and run out of ports in TIME_WAIT.
+type routeProbe struct {
+	p         *Proxy
+	m         *metrics.Metrics
+	forwarded atomic.Int64
+}
+
+func newRouteProbe(t testing.TB) *routeProbe {
+	t.Helper()
+	h := &routeProbe{m: metrics.New(prometheus.NewRegistry())}
+	up, err := url.Parse("http://core.test:8008")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.p, err = New(Options{Upstream: up, Metrics: h.m, Transport: inMemoryUpstream(func(r *http.Request) (*http.Response, error) {
+		h.forwarded.Add(1)
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), ContentLength: 2, Request: r}, nil
+	})})
+	if err != nil {
+		t.Fatalf("New() = %v, want no error", err)
+	}
+	return h
+}
+
+// serve serves r and returns the route it was counted under, the status, and whether
+// it reached the upstream. It fails t unless exactly one request was counted.
+func (h *routeProbe) serve(t *testing.T, r *http.Request) (route string, code int, forwarded bool) {
+	t.Helper()
+	before := h.counts(t)
+	n := h.forwarded.Load()
+	w := httptest.NewRecorder()
+	h.p.ServeHTTP(w, r)
+	after := h.counts(t)
+	for name, c := range after {
+		if c != before[name] {
+			if route != "" {
+				t.Fatalf("%s %s counted under %q and %q, want one route", r.Method, r.RequestURI, route, name)
+			}
+			route = name
+		}
+	}
+	if route == "" {
+		t.Fatalf("%s %s counted under no route, want one", r.Method, r.RequestURI)
+	}
+	return route, w.Code, h.forwarded.Load() != n
+}
+
+// counts returns mdproxy_requests_total summed by route. It collects that counter
+// only: a Gather of the whole registry would take most of the fuzzing time.
+func (h *routeProbe) counts(t *testing.T) map[string]float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		h.m.Requests.Collect(ch)
+		close(ch)
+	}()
+	out := map[string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatalf("writing %v: %v", m.Desc(), err)
+		}
+		for _, lp := range pb.GetLabel() {
+			if lp.GetName() == "route" {
+				out[lp.GetValue()] += pb.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// inMemoryUpstream is a Transport that answers without a connection.
+type inMemoryUpstream func(*http.Request) (*http.Response, error)
+
+func (f inMemoryUpstream) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
