@@ -51,7 +51,8 @@ type Config struct {
 	BodyIdleTimeout time.Duration `env:"BODY_IDLE_TIMEOUT" envDefault:"60s"`
 	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the proxy
 	// keeps serving, so that load balancers stop sending before the listener closes.
-	// Default 5s; 0 closes the listener at once.
+	// A second SIGTERM or SIGINT ends the delay early. Default 5s; 0 closes the
+	// listener at once.
 	ShutdownDelay time.Duration `env:"SHUTDOWN_DELAY" envDefault:"5s"`
 	// ShutdownTimeout is how long in-flight requests, uploads included, may run after
 	// the listener closed before they are cut. Default 30s; 0 cuts them at once.

@@ -97,9 +97,13 @@ func run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	var stopping atomic.Bool
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	srv := newServer(cfg, h, errLog)
+	// The admin listener takes no bodies and answers small pages: a scraper or probe
+	// that stops reading must not hold a connection longer than a body may idle.
 	admin := &http.Server{
 		Handler:           adminHandler(reg, &stopping),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadHeaderTimeout,
+		WriteTimeout:      cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          errLog,
 	}

@@ -128,7 +128,8 @@ func TestBinary(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), safety)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin)
-			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL}
+			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL,
+				"MDPROXY_SHUTDOWN_DELAY=0s"} // the delay is TestShutdownDelay's
 			stderr, err := cmd.StderrPipe()
 			if err != nil {
 				t.Fatal(err)
