@@ -46,7 +46,8 @@ type exchange struct {
 	ctx    context.Context // the client's request context
 
 	mu       sync.Mutex
-	bodyDone bool // the request body was read to its end (or has none)
+	core     *coreConn // Core's connection carrying the upload; nil until known
+	bodyDone bool      // the request body was read to its end (or has none)
 	finished bool // the handler returned: the client connection is no longer ours
 	coreGone bool // Core's connection closed while the request body was being read
 
@@ -149,6 +150,9 @@ func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.finished = true
+	if ex.core != nil {
+		ex.core.unwatch(ex)
+	}
 	if ex.idle > 0 {
 		_ = ex.client.SetWriteDeadline(time.Time{})
 		if !ex.bodyDone {
@@ -171,7 +175,10 @@ func (ex *exchange) trace(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
 			if c := coreConnOf(info.Conn); c != nil {
-				c.watch(ex.coreClosed)
+				ex.mu.Lock()
+				ex.core = c
+				ex.mu.Unlock()
+				c.watch(ex)
 			}
 		},
 	})

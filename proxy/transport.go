@@ -100,8 +100,8 @@ type coreConn struct {
 	closed  chan struct{}
 	once    sync.Once
 
-	mu      sync.Mutex
-	onClose func()
+	mu    sync.Mutex
+	owner *exchange // the request whose upload is on it, told when it closes; nil: none
 }
 
 func (c *coreConn) Read(p []byte) (int, error) {
@@ -130,32 +130,41 @@ func (c *coreConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Close closes the connection and tells the watcher, once.
+// Close closes the connection and tells its owner, once.
 func (c *coreConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		close(c.closed)
 		c.mu.Lock()
-		f := c.onClose
+		ex := c.owner
 		c.mu.Unlock()
-		if f != nil {
-			f()
+		if ex != nil {
+			ex.coreClosed()
 		}
 	})
 	return err
 }
 
-// watch makes f the function called when the connection closes, replacing the one of
-// an earlier request on it.
-func (c *coreConn) watch(f func()) {
+// watch makes ex the owner told when the connection closes.
+func (c *coreConn) watch(ex *exchange) {
 	c.mu.Lock()
-	c.onClose = f
+	c.owner = ex
 	c.mu.Unlock()
 	select {
 	case <-c.closed:
-		f()
+		ex.coreClosed()
 	default:
 	}
+}
+
+// unwatch drops ex as the owner, if it still is: a connection back in the pool keeps
+// no finished request alive.
+func (c *coreConn) unwatch(ex *exchange) {
+	c.mu.Lock()
+	if c.owner == ex {
+		c.owner = nil
+	}
+	c.mu.Unlock()
 }
 
 // coreConnOf returns the *coreConn under c (directly, or under TLS), or nil.
