@@ -19,8 +19,8 @@ func ClientKey(r *http.Request, trusted []netip.Prefix) string {
 // ClientAddr returns the address of r's client: the TCP peer, unless the peer is in
 // trusted; then the rightmost X-Forwarded-For entry that is not in trusted (entries
 // right of it were added by trusted proxies, entries left of it could be forged). If
-// every entry is trusted, the leftmost is the client; if an entry does not parse, the
-// last trusted address before it is. X-Real-IP is read only when a trusted peer sent no
+// every entry is trusted, the leftmost is the client; if an entry does not parse (or
+// carries an IPv6 zone), the last trusted address before it is. X-Real-IP is read only when a trusted peer sent no
 // X-Forwarded-For. A header sent by an untrusted peer never changes the answer.
 //
 // It returns the zero netip.Addr when r.RemoteAddr does not parse (never for requests
@@ -35,14 +35,14 @@ func ClientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 		hops = append(hops, strings.Split(v, ",")...)
 	}
 	if len(hops) == 0 {
-		if a := parseAddr(r.Header.Get("X-Real-IP")); a.IsValid() {
+		if a := parseHeaderAddr(r.Header.Get("X-Real-IP")); a.IsValid() {
 			return a
 		}
 		return peer
 	}
 	client := peer
 	for i := len(hops) - 1; i >= 0; i-- {
-		a := parseAddr(hops[i])
+		a := parseHeaderAddr(hops[i])
 		if !a.IsValid() {
 			return client
 		}
@@ -52,6 +52,18 @@ func ClientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 		}
 	}
 	return client
+}
+
+// parseHeaderAddr is parseAddr for an address a client or proxy wrote in a header. An
+// IPv6 zone ("fe80::1%eth0") names an interface of the host that wrote it, meaningless
+// here, and may hold any text: such an entry is read as one that does not parse, so
+// that no header text but an address ever reaches a client key.
+func parseHeaderAddr(s string) netip.Addr {
+	a := parseAddr(s)
+	if a.Zone() != "" {
+		return netip.Addr{}
+	}
+	return a
 }
 
 // parseAddr reads "ip", "ip:port" or "[ipv6]:port", unmapping IPv4-in-IPv6.

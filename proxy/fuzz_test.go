@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -259,3 +260,143 @@ func (h *routeProbe) counts(t *testing.T) map[string]float64 {
 type inMemoryUpstream func(*http.Request) (*http.Response, error)
 
 func (f inMemoryUpstream) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// fuzzTrusted are the trusted proxy sets FuzzClientAddr picks from by a byte of its
+// input.
+var fuzzTrusted = [][]netip.Prefix{
+	nil,
+	{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+	{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")},
+	{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")},
+}
+
+// FuzzClientAddr feeds peer addresses, X-Forwarded-For and X-Real-IP values to
+// ClientAddr and ClientKey. It checks that an untrusted peer's headers never change the
+// answer; that a trusted peer's answer is the peer or an address of its headers, never
+// one left of an entry that is not a trusted address (entries a client could forge),
+// and X-Real-IP's only without X-Forwarded-For; and that the key is the apikey or
+// "addr:" and an address, with no text of a header that is not an address.
+func FuzzClientAddr(f *testing.F) {
+	seeds := []struct {
+		remote, xff, realIP, apikey string
+		flags, trusted              uint8
+	}{
+		{"203.0.113.7:5555", "", "", "", 0, 0},
+		{"203.0.113.7:5555", "1.2.3.4", "5.6.7.8", "", 3, 0},
+		{"127.0.0.1:5555", "1.2.3.4", "", "", 1, 1},
+		{"127.0.0.1:5555", "1.2.3.4, 127.0.0.2", "", "", 1, 1},
+		{"127.0.0.1:5555", "9.9.9.9, 1.2.3.4, 127.0.0.2", "", "", 1, 1},
+		{"127.0.0.1:5555", "", "1.2.3.4", "", 2, 1},
+		{"127.0.0.1:5555", "", "1.2.3.4", "", 3, 1},
+		{"127.0.0.1:5555", "garbage, 1.2.3.4", "", "", 1, 1},
+		{"127.0.0.1:5555", "1.2.3.4, garbage", "", "", 1, 1},
+		{"127.0.0.1:5555", "127.0.0.3\n127.0.0.2", "", "", 1, 1},
+		{"[::1]:5555", "[2001:db8::1]:80, ::ffff:10.1.2.3", "", "", 1, 2},
+		{"10.0.0.1:1", "10.0.0.2,10.0.0.3", "", "", 1, 2},
+		{"10.0.0.1:1", "  1.2.3.4:99 ,", "", "", 1, 2},
+		{"[::ffff:127.0.0.1]:80", "1.2.3.4", "", "", 1, 1},
+		{"1.2.3.4:5", "5.6.7.8", "9.9.9.9", "", 3, 3},
+		{"127.0.0.1:5555", "1.2.3.4", "", "key123", 1, 1},
+		{"not an address", "1.2.3.4", "", "", 1, 3},
+		{"[fe80::1%eth0]:80", "1.2.3.4", "", "", 1, 3},
+		{"127.0.0.1:5555", "", "", "", 1, 1},
+		{"127.0.0.1:5555", "a=b\x1b[31m", "", "", 1, 3},
+	}
+	for _, s := range seeds {
+		f.Add(s.remote, s.xff, s.realIP, s.apikey, s.flags, s.trusted)
+	}
+	f.Fuzz(func(t *testing.T, remote, xff, realIP, apikey string, flags, trustedIdx uint8) {
+		trusted := fuzzTrusted[int(trustedIdx)%len(fuzzTrusted)]
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
+		if flags&1 != 0 {
+			r.Header["X-Forwarded-For"] = strings.Split(xff, "\n") // several header lines
+		}
+		if flags&2 != 0 {
+			r.Header["X-Real-Ip"] = []string{realIP}
+		}
+		got := ClientAddr(r, trusted)
+
+		peer := parseHop(remote)
+		if bare := ClientAddr(&http.Request{RemoteAddr: remote, Header: http.Header{}}, trusted); bare != peer {
+			t.Fatalf("ClientAddr(RemoteAddr %q, no headers) = %v, want the peer %v", remote, bare, peer)
+		}
+		if got.IsValid() != peer.IsValid() {
+			t.Errorf("ClientAddr(%q, XFF %q, X-Real-IP %q) = %v, want a valid address exactly when the peer %v is one", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
+		}
+		peerTrusted := peer.IsValid() && containedIn(peer, trusted)
+		if !peerTrusted && got != peer {
+			t.Errorf("ClientAddr(%q, XFF %q, X-Real-IP %q) = %v from an untrusted peer, want the peer %v", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
+		}
+		if peerTrusted && got != peer {
+			var hops []string
+			for _, v := range r.Header.Values("X-Forwarded-For") {
+				hops = append(hops, strings.Split(v, ",")...)
+			}
+			switch {
+			case len(hops) == 0:
+				if got != parseHop(r.Header.Get("X-Real-IP")) {
+					t.Errorf("ClientAddr(%q, X-Real-IP %q) = %v, want the peer or X-Real-IP's address", remote, realIP, got)
+				}
+			case !forgeryFree(got, hops, trusted):
+				t.Errorf("ClientAddr(%q, XFF %q) = %v, want the peer or an entry with only trusted addresses right of it (trusted %v)", remote, hops, got, trusted)
+			}
+		}
+
+		key := ClientKey(r, trusted)
+		if apikey != "" {
+			withKey := &http.Request{RemoteAddr: remote, Header: r.Header.Clone()}
+			withKey.Header.Set("apikey", apikey)
+			if k, want := ClientKey(withKey, trusted), "apikey:"+withKey.Header.Get("apikey"); k != want {
+				t.Errorf("ClientKey(apikey %q) = %q, want %q", apikey, k, want)
+			}
+		}
+		if want := "addr:" + got.String(); key != want {
+			t.Fatalf("ClientKey(%q, XFF %q, X-Real-IP %q) = %q, want %q", remote, r.Header["X-Forwarded-For"], realIP, key, want)
+		}
+		if got != peer {
+			// From a header: an address and nothing else, no zone ("fe80::1%text").
+			a, err := netip.ParseAddr(strings.TrimPrefix(key, "addr:"))
+			if err != nil || a != got || a.Zone() != "" {
+				t.Errorf("ClientKey(%q, XFF %q, X-Real-IP %q) = %q, want \"addr:\" and an address without zone", remote, r.Header["X-Forwarded-For"], realIP, key)
+			}
+		}
+	})
+}
+
+// parseHop is the address of a peer or header entry: "ip", "ip:port" or "[ipv6]:port"
+// after trimming spaces, IPv4-in-IPv6 unmapped; the zero Addr when s is none.
+func parseHop(s string) netip.Addr {
+	s = strings.TrimSpace(s)
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap()
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap()
+	}
+	return netip.Addr{}
+}
+
+func containedIn(a netip.Addr, prefixes []netip.Prefix) bool {
+	for _, p := range prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgeryFree reports whether a is the address of an entry of hops with only trusted
+// addresses right of it: the entries a trusted proxy wrote, which the client cannot
+// forge.
+func forgeryFree(a netip.Addr, hops []string, trusted []netip.Prefix) bool {
+	for i := len(hops) - 1; i >= 0; i-- {
+		h := parseHop(hops[i])
+		if h == a {
+			return true
+		}
+		if !h.IsValid() || !containedIn(h, trusted) {
+			return false
+		}
+	}
+	return false
+}
