@@ -48,8 +48,8 @@ type exchange struct {
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
 	bodyDone bool      // the request body was read to its end (or has none)
-	finished bool // the handler returned: the client connection is no longer ours
-	coreGone bool // Core's connection closed while the request body was being read
+	finished bool      // the handler returned: the client connection is no longer ours
+	coreGone bool      // Core's connection closed while the request body was being read
 
 	reqBytes atomic.Int64
 	reqErr   atomic.Pointer[error] // the first error reading the request body, not EOF
