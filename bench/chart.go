@@ -68,7 +68,12 @@ func Chart(path string, figs []Figures, pub map[string]Published) error {
 	if err != nil {
 		return err
 	}
-	width, height := vg.Length(80*len(figs)+120), 9*vg.Inch
+	return writeStacked(path, vg.Length(80*len(figs)+120), 9*vg.Inch, dur, errp)
+}
+
+// writeStacked draws plots one above the other on a canvas of width × height and writes
+// it to path, a PNG or SVG file by its extension.
+func writeStacked(path string, width, height vg.Length, plots ...*plot.Plot) error {
 	var c vg.CanvasWriterTo
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".png":
@@ -79,11 +84,15 @@ func Chart(path string, figs []Figures, pub map[string]Published) error {
 		return fmt.Errorf("chart %s: want a .png or .svg file", path)
 	}
 	dc := draw.New(c.(vg.CanvasSizer))
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter}
-	plots := [][]*plot.Plot{{dur}, {errp}}
-	canvases := plot.Align(plots, tiles, dc)
-	dur.Draw(canvases[0][0])
-	errp.Draw(canvases[1][0])
+	rows := make([][]*plot.Plot, len(plots))
+	for i, p := range plots {
+		rows[i] = []*plot.Plot{p}
+	}
+	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter}
+	canvases := plot.Align(rows, tiles, dc)
+	for i, p := range plots {
+		p.Draw(canvases[i][0])
+	}
 	return writeTo(path, c)
 }
 

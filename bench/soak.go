@@ -32,9 +32,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
-	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/mdproxy/mdproxy/coresim"
 )
@@ -1164,22 +1161,5 @@ func SoakChart(path string, r *SoakResult) error {
 	if err != nil {
 		return err
 	}
-	width, height := 8*vg.Inch, 11*vg.Inch
-	var c vg.CanvasWriterTo
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".png":
-		c = vgimg.PngCanvas{Canvas: vgimg.New(width, height)}
-	case ".svg":
-		c = vgsvg.New(width, height)
-	default:
-		return fmt.Errorf("chart %s: want a .png or .svg file", path)
-	}
-	dc := draw.New(c.(vg.CanvasSizer))
-	tiles := draw.Tiles{Rows: 3, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter}
-	plots := [][]*plot.Plot{{mem}, {gor}, {req}}
-	canvases := plot.Align(plots, tiles, dc)
-	for i, p := range []*plot.Plot{mem, gor, req} {
-		p.Draw(canvases[i][0])
-	}
-	return writeTo(path, c)
+	return writeStacked(path, 8*vg.Inch, 11*vg.Inch, mem, gor, req)
 }
