@@ -25,12 +25,13 @@ import (
 )
 
 // This file checks the emulator against OPSWAT's OpenAPI description of Core v4.18
-// (shared/core-api/openapi): every answer an apiHarness gets, in every test of this file
-// and of api_test.go and inspect_test.go, goes through coreContract.check.
+// (vendored unmodified in testdata/openapi, see testdata/README.md): every answer an
+// apiHarness gets, in every test of this file and of api_test.go and inspect_test.go,
+// goes through coreContract.check.
 
 // coreSpecPath is the spec, relative to the package directory (the tests' working
-// directory); CI has shared/ at the same relative place.
-var coreSpecPath = filepath.Join("..", "..", "shared", "core-api", "openapi", "openapi.yaml")
+// directory).
+var coreSpecPath = filepath.Join("testdata", "openapi", "openapi.yaml")
 
 // coreContract is the loaded, validated and patched spec with its router.
 type coreContract struct {
@@ -244,7 +245,7 @@ func specGap(route *routers.Route, status int) string {
 		return "unknown data_id: 404 is not in the 4.18 spec"
 	case (op.OperationID == "fileAnalysisGet" || op.OperationID == "batchStatus") && status == http.StatusServiceUnavailable:
 		// Core's own fetch rate limit (5.13+) is newer than the spec and undocumented
-		// (shared/core-api/README.md).
+		// (docs/core-api.md, "Core's own rate limit").
 		return "Core's own rate limit: 503 is not in the 4.18 spec"
 	case status == http.StatusForbidden && slices.ContainsFunc(op.Parameters, func(p *openapi3.ParameterRef) bool {
 		return p.Value != nil && p.Value.Name == "apikey"
