@@ -18,7 +18,7 @@ import (
 )
 
 // Workload is the client side of the published benchmark's test steps
-// (shared/seed/README.md): turns of TurnSize concurrent POST /file, TurnInterval
+// (bench/PUBLISHED.md): turns of TurnSize concurrent POST /file, TurnInterval
 // apart, until Submissions files are submitted; rounds of GET /file/{data_id}, one of
 // every outstanding submission, FetchInterval apart, until every scan is complete (a
 // 503 counts as a fetch error); or, with CallbackURL set, no fetching at all: the

@@ -29,7 +29,7 @@ type DataSpec struct {
 	Seed        uint64 // the same seed gives the same files, byte for byte
 }
 
-// SeedData is the published benchmark's data set (shared/seed/README.md): 800 files of
+// SeedData is the published benchmark's data set (bench/PUBLISHED.md): 800 files of
 // 50 KB to 27 MB, 952 KB on average, 762 MB in all, DOCX, XLSX, PPTX and XLTX.
 var SeedData = DataSpec{
 	Files: 800, MinBytes: 50_000, MaxBytes: 27_000_000, MeanSize: 952_000,

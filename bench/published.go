@@ -1,8 +1,9 @@
 package bench
 
-// SeedTable is the published benchmark's table (shared/seed/benchmark.csv: OPSWAT's
-// measurement of MetaDefender Core 5.13.0 on 8 vCPU), kept here so that mdbench runs
-// without the shared folder; LoadPublished reads the CSV itself when it is at hand.
+// SeedTable is the published benchmark's table: OPSWAT's measurement of MetaDefender
+// Core 5.13.0 on 8 vCPU, cited in bench/PUBLISHED.md (source, machine, workload). It is
+// what mdbench prints beside its own figures; testdata/published.csv holds the same
+// table in CSV for LoadPublished, and a test checks that the two agree.
 func SeedTable() map[string]Published {
 	f := func(v float64) *float64 { return &v }
 	rows := []Published{

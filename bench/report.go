@@ -13,7 +13,8 @@ import (
 )
 
 // Figures are one scenario's results, in the published benchmark's units and virtual
-// time. The JSON keys of the first four are the columns of shared/seed/benchmark.csv.
+// time. The JSON keys of the first four are the published table's columns
+// (bench/PUBLISHED.md, testdata/published.csv).
 type Figures struct {
 	Case string `json:"case"`
 	// DurationMin is how long Core took to process every submission: from the first
@@ -90,7 +91,7 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// Published is one row of shared/seed/benchmark.csv.
+// Published is one row of the published table (bench/PUBLISHED.md).
 type Published struct {
 	Case                  string
 	LimitPerS             float64
