@@ -188,7 +188,7 @@ func DefaultConfig() Config {
 }
 
 // validCallbackURL reports whether s is a callback URL Core accepts:
-// <http|https>://<host>[:port][/path] (shared/core-api/README.md, "Callbacks").
+// <http|https>://<host>[:port][/path] (docs/core-api.md, "Callbacks").
 func validCallbackURL(s string) bool {
 	u, err := url.Parse(s)
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""

@@ -1,5 +1,5 @@
 // Package coresim emulates OPSWAT MetaDefender Core for mdproxy's tests, demo and
-// benchmark: it answers Core's REST API as Core does (shared/core-api/README.md and
+// benchmark: it answers Core's REST API as Core does (docs/core-api.md and
 // OPSWAT's OpenAPI description), and it spends virtual CPU time as Core does, so that
 // polling slows scanning down.
 //
@@ -43,8 +43,8 @@
 // (CORESIM_QUEUE_SIZE, default 4000; beyond it POST /file answers 503 "Server is too
 // busy. Try again later.").
 //
-// The defaults reproduce the published benchmark of Core 5.13 on 8 vCPU (shared/seed)
-// with mdbench's client (120 connections, fetch rounds 5 s apart):
+// The defaults reproduce the published benchmark of Core 5.13 on 8 vCPU
+// (bench/PUBLISHED.md) with mdbench's client (120 connections, fetch rounds 5 s apart):
 //
 //   - Scanning: 2000 submissions of ~65 objects and 952 KB took 26.9 min without
 //     polling, about 6.5 core-seconds each; 83 ms an object and 600 ms a MiB, with the
@@ -75,7 +75,7 @@
 // # Callbacks
 //
 // With a callbackurl header, the complete result is POSTed there as JSON when the scan
-// ends (the shared README says POST; the spec's prose mentions PUT). A failed delivery
+// ends (OPSWAT's documentation says POST, the spec's prose PUT). A failed delivery
 // (no answer or not 2xx) is retried CORESIM_CALLBACK_RETRIES times, the first after
 // CALLBACK_DELAY, each next one CALLBACK_INCREASE later than the previous gap, as Core's
 // webhook settings do. Pending deliveries wait in a heap; CALLBACK_WORKERS goroutines

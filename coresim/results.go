@@ -11,7 +11,7 @@ import (
 )
 
 // Result codes of scan_all_result_i and their scan_all_result_a text
-// (shared/core-api/README.md; ProcessingResultsIndexEnum of the spec).
+// (docs/core-api.md; ProcessingResultsIndexEnum of the spec).
 const (
 	resultClean      = 0
 	resultInfected   = 1

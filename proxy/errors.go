@@ -7,7 +7,7 @@ import (
 )
 
 // errorBody renders msg in Core's error format, {"err": msg}
-// (shared/core-api/README.md, "Errors").
+// (docs/core-api.md, "Errors").
 func errorBody(msg string) []byte {
 	body, _ := json.Marshal(struct {
 		Err string `json:"err"`

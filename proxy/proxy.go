@@ -278,7 +278,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.finish(rec, r, start)
 	}()
 
-	// Core refuses chunked uploads with 411 (shared/core-api/README.md); answer it here,
+	// Core refuses chunked uploads with 411 (docs/core-api.md); answer it here,
 	// before a byte of the body is read or a token taken, so that nothing is forwarded.
 	// A POST without any length header has ContentLength 0 in net/http, but the
 	// transport would send "Content-Length: 0" (Core: 422, not 411): refuse it too.

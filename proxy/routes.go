@@ -28,7 +28,7 @@ type Route struct {
 const RouteOther = "other"
 
 // Routes is Core's public REST API as mdproxy names it, after the endpoint table of
-// shared/core-api/README.md and OPSWAT's OpenAPI description of Core v4.
+// docs/core-api.md and OPSWAT's OpenAPI description of Core v4.
 var Routes = []Route{
 	{Name: "submit", Method: http.MethodPost, Patterns: []string{"/file"}},
 	{Name: "file_result", Method: http.MethodGet, Patterns: []string{"/file/{data_id}"}, Polled: true},
