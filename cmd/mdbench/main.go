@@ -1,5 +1,5 @@
 // Command mdbench replays the published benchmark of MetaDefender Core's request rate
-// limit (shared/seed/README.md) against an emulated or a real Core, with and without
+// limit (bench/PUBLISHED.md) against an emulated or a real Core, with and without
 // mdproxy, and prints the published table beside its own. See the README.
 //
 // With --soak DURATION it runs a soak instead: mdproxy's binary in front of an emulator
@@ -86,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
 	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(cache, "mdbench"), "where the data set is generated and cached")
-	fs.StringVar(&o.seedCSV, "seed-csv", filepath.Join("..", "shared", "seed", "benchmark.csv"), "the published table (built-in copy used when absent)")
+	fs.StringVar(&o.seedCSV, "seed-csv", "", "a CSV of the published table, in the columns of bench/testdata/published.csv (default: the built-in table, bench/PUBLISHED.md)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the figures (a soak's samples and verdict) as JSON to this file")
 	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case (a soak's series over time) to this .png or .svg file")
 	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook and no submission was lost")
