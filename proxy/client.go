@@ -6,17 +6,17 @@ import (
 	"strings"
 )
 
-// ClientKey returns the key of r's per-client share: "apikey:" and the apikey header
-// when r has one (Core's session and API keys), else "addr:" and ClientAddr. The key is
+// clientKey returns the key of r's per-client share: "apikey:" and the apikey header
+// when r has one (Core's session and API keys), else "addr:" and clientAddr. The key is
 // handed to the limiter only; it is never logged nor a metric label.
-func ClientKey(r *http.Request, trusted []netip.Prefix) string {
+func clientKey(r *http.Request, trusted []netip.Prefix) string {
 	if k := r.Header.Get("apikey"); k != "" {
 		return "apikey:" + k
 	}
-	return "addr:" + ClientAddr(r, trusted).String()
+	return "addr:" + clientAddr(r, trusted).String()
 }
 
-// ClientAddr returns the address of r's client: the TCP peer, unless the peer is in
+// clientAddr returns the address of r's client: the TCP peer, unless the peer is in
 // trusted; then the rightmost X-Forwarded-For entry that is not in trusted (entries
 // right of it were added by trusted proxies, entries left of it could be forged). If
 // every entry is trusted, the leftmost is the client; if an entry does not parse (or
@@ -25,7 +25,7 @@ func ClientKey(r *http.Request, trusted []netip.Prefix) string {
 //
 // It returns the zero netip.Addr when r.RemoteAddr does not parse (never for requests
 // from net/http's server).
-func ClientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
+func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 	peer := parseAddr(r.RemoteAddr)
 	if !isTrusted(peer, trusted) {
 		return peer

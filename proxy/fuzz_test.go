@@ -24,7 +24,7 @@ var fuzzMethods = []string{
 }
 
 // FuzzCanonicalPath feeds request targets, read as net/http's server reads them, to
-// CanonicalPath and to the proxy's handler. It checks that ok is false exactly for an
+// canonicalPath and to the proxy's handler. It checks that ok is false exactly for an
 // encoded slash or backslash in the raw path, or a backslash or NUL in the decoded
 // one; that a canonical path is absolute, clean, lower case and its own canonical path;
 // that respellings Core resolves alike (case, extra slashes, "." and ".." segments)
@@ -56,20 +56,20 @@ func FuzzCanonicalPath(f *testing.F) {
 		if r == nil {
 			t.Skip("net/http's server refuses this request line")
 		}
-		got, ok := CanonicalPath(r.URL)
+		got, ok := canonicalPath(r.URL)
 
 		raw := rawPath(target, r.URL)
 		wantOK := !strings.Contains(strings.ToLower(raw), "%2f") &&
 			!strings.Contains(strings.ToLower(raw), "%5c") &&
 			!strings.ContainsAny(r.URL.Path, "\\\x00")
 		if ok != wantOK {
-			t.Fatalf("CanonicalPath(%q) = %q, %v, want ok %v (raw path %q, decoded %q)", target, got, ok, wantOK, raw, r.URL.Path)
+			t.Fatalf("canonicalPath(%q) = %q, %v, want ok %v (raw path %q, decoded %q)", target, got, ok, wantOK, raw, r.URL.Path)
 		}
 
 		route, code, forwarded := h.serve(t, r)
 		if !ok {
 			if got != "" {
-				t.Errorf("CanonicalPath(%q) = %q, false, want \"\" with false", target, got)
+				t.Errorf("canonicalPath(%q) = %q, false, want \"\" with false", target, got)
 			}
 			if route != RouteOther || code != http.StatusBadRequest || forwarded {
 				t.Errorf("%s %s: route %q, status %d, forwarded %v, want %q, 400, not forwarded", method, target, route, code, forwarded, RouteOther)
@@ -78,8 +78,8 @@ func FuzzCanonicalPath(f *testing.F) {
 		}
 
 		checkCanonical(t, target, got)
-		if again, ok := CanonicalPath(&url.URL{Path: got}); again != got || !ok {
-			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true (fixed point; from target %q)", got, again, ok, got, target)
+		if again, ok := canonicalPath(&url.URL{Path: got}); again != got || !ok {
+			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true (fixed point; from target %q)", got, again, ok, got, target)
 		}
 
 		// The canonical path, sent as a target of its own, is routed as the target was.
@@ -88,8 +88,8 @@ func FuzzCanonicalPath(f *testing.F) {
 		if cr == nil {
 			t.Fatalf("canonical target %q of %q does not parse", canon, target)
 		}
-		if cp, ok := CanonicalPath(cr.URL); cp != got || !ok {
-			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true (canonical target of %q)", canon, cp, ok, got, target)
+		if cp, ok := canonicalPath(cr.URL); cp != got || !ok {
+			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true (canonical target of %q)", canon, cp, ok, got, target)
 		}
 		if croute, _, _ := h.serve(t, cr); croute != route {
 			t.Errorf("%s %s: route %q, want %q, the route of its canonical target %s", method, target, route, croute, canon)
@@ -108,8 +108,8 @@ func FuzzCanonicalPath(f *testing.F) {
 			if vr == nil {
 				continue
 			}
-			if vp, vok := CanonicalPath(vr.URL); vp != got || !vok {
-				t.Errorf("CanonicalPath(%q) = %q, %v, want %q, true as for %q", v, vp, vok, got, target)
+			if vp, vok := canonicalPath(vr.URL); vp != got || !vok {
+				t.Errorf("canonicalPath(%q) = %q, %v, want %q, true as for %q", v, vp, vok, got, target)
 			}
 		}
 		if v := upperASCII(p) + q; v != target {
@@ -127,21 +127,21 @@ func FuzzCanonicalPath(f *testing.F) {
 func checkCanonical(t *testing.T, target, c string) {
 	t.Helper()
 	if !strings.HasPrefix(c, "/") {
-		t.Errorf("CanonicalPath(%q) = %q, want a leading /", target, c)
+		t.Errorf("canonicalPath(%q) = %q, want a leading /", target, c)
 	}
 	if c != "/" && strings.HasSuffix(c, "/") {
-		t.Errorf("CanonicalPath(%q) = %q, want no trailing /", target, c)
+		t.Errorf("canonicalPath(%q) = %q, want no trailing /", target, c)
 	}
 	if strings.Contains(c, "//") {
-		t.Errorf("CanonicalPath(%q) = %q, want no //", target, c)
+		t.Errorf("canonicalPath(%q) = %q, want no //", target, c)
 	}
 	for _, seg := range strings.Split(c, "/") {
 		if seg == "." || seg == ".." {
-			t.Errorf("CanonicalPath(%q) = %q, want no %q segment", target, c, seg)
+			t.Errorf("canonicalPath(%q) = %q, want no %q segment", target, c, seg)
 		}
 	}
 	if l := strings.ToLower(c); l != c {
-		t.Errorf("CanonicalPath(%q) = %q, want lower case %q", target, c, l)
+		t.Errorf("canonicalPath(%q) = %q, want lower case %q", target, c, l)
 	}
 }
 
@@ -271,7 +271,7 @@ var fuzzTrusted = [][]netip.Prefix{
 }
 
 // FuzzClientAddr feeds peer addresses, X-Forwarded-For and X-Real-IP values to
-// ClientAddr and ClientKey. It checks that an untrusted peer's headers never change the
+// clientAddr and clientKey. It checks that an untrusted peer's headers never change the
 // answer; that a trusted peer's answer is the peer or an address of its headers, never
 // one left of an entry that is not a trusted address (entries a client could forge),
 // and X-Real-IP's only without X-Forwarded-For; and that the key is the apikey or
@@ -314,18 +314,18 @@ func FuzzClientAddr(f *testing.F) {
 		if flags&2 != 0 {
 			r.Header["X-Real-Ip"] = []string{realIP}
 		}
-		got := ClientAddr(r, trusted)
+		got := clientAddr(r, trusted)
 
 		peer := parseHop(remote)
-		if bare := ClientAddr(&http.Request{RemoteAddr: remote, Header: http.Header{}}, trusted); bare != peer {
-			t.Fatalf("ClientAddr(RemoteAddr %q, no headers) = %v, want the peer %v", remote, bare, peer)
+		if bare := clientAddr(&http.Request{RemoteAddr: remote, Header: http.Header{}}, trusted); bare != peer {
+			t.Fatalf("clientAddr(RemoteAddr %q, no headers) = %v, want the peer %v", remote, bare, peer)
 		}
 		if got.IsValid() != peer.IsValid() {
-			t.Errorf("ClientAddr(%q, XFF %q, X-Real-IP %q) = %v, want a valid address exactly when the peer %v is one", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
+			t.Errorf("clientAddr(%q, XFF %q, X-Real-IP %q) = %v, want a valid address exactly when the peer %v is one", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
 		}
 		peerTrusted := peer.IsValid() && containedIn(peer, trusted)
 		if !peerTrusted && got != peer {
-			t.Errorf("ClientAddr(%q, XFF %q, X-Real-IP %q) = %v from an untrusted peer, want the peer %v", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
+			t.Errorf("clientAddr(%q, XFF %q, X-Real-IP %q) = %v from an untrusted peer, want the peer %v", remote, r.Header["X-Forwarded-For"], realIP, got, peer)
 		}
 		if peerTrusted && got != peer {
 			var hops []string
@@ -335,29 +335,29 @@ func FuzzClientAddr(f *testing.F) {
 			switch {
 			case len(hops) == 0:
 				if got != parseHop(r.Header.Get("X-Real-IP")) {
-					t.Errorf("ClientAddr(%q, X-Real-IP %q) = %v, want the peer or X-Real-IP's address", remote, realIP, got)
+					t.Errorf("clientAddr(%q, X-Real-IP %q) = %v, want the peer or X-Real-IP's address", remote, realIP, got)
 				}
 			case !forgeryFree(got, hops, trusted):
-				t.Errorf("ClientAddr(%q, XFF %q) = %v, want the peer or an entry with only trusted addresses right of it (trusted %v)", remote, hops, got, trusted)
+				t.Errorf("clientAddr(%q, XFF %q) = %v, want the peer or an entry with only trusted addresses right of it (trusted %v)", remote, hops, got, trusted)
 			}
 		}
 
-		key := ClientKey(r, trusted)
+		key := clientKey(r, trusted)
 		if apikey != "" {
 			withKey := &http.Request{RemoteAddr: remote, Header: r.Header.Clone()}
 			withKey.Header.Set("apikey", apikey)
-			if k, want := ClientKey(withKey, trusted), "apikey:"+withKey.Header.Get("apikey"); k != want {
-				t.Errorf("ClientKey(apikey %q) = %q, want %q", apikey, k, want)
+			if k, want := clientKey(withKey, trusted), "apikey:"+withKey.Header.Get("apikey"); k != want {
+				t.Errorf("clientKey(apikey %q) = %q, want %q", apikey, k, want)
 			}
 		}
 		if want := "addr:" + got.String(); key != want {
-			t.Fatalf("ClientKey(%q, XFF %q, X-Real-IP %q) = %q, want %q", remote, r.Header["X-Forwarded-For"], realIP, key, want)
+			t.Fatalf("clientKey(%q, XFF %q, X-Real-IP %q) = %q, want %q", remote, r.Header["X-Forwarded-For"], realIP, key, want)
 		}
 		if got != peer {
 			// From a header: an address and nothing else, no zone ("fe80::1%text").
 			a, err := netip.ParseAddr(strings.TrimPrefix(key, "addr:"))
 			if err != nil || a != got || a.Zone() != "" {
-				t.Errorf("ClientKey(%q, XFF %q, X-Real-IP %q) = %q, want \"addr:\" and an address without zone", remote, r.Header["X-Forwarded-For"], realIP, key)
+				t.Errorf("clientKey(%q, XFF %q, X-Real-IP %q) = %q, want \"addr:\" and an address without zone", remote, r.Header["X-Forwarded-For"], realIP, key)
 			}
 		}
 	})

@@ -429,8 +429,8 @@ func TestClientAddr(t *testing.T) {
 			if tt.realIP != "" {
 				r.Header.Set("X-Real-IP", tt.realIP)
 			}
-			if got := ClientAddr(r, tt.trusted).String(); got != tt.want {
-				t.Errorf("ClientAddr(peer %s, XFF %q, X-Real-IP %q) = %s, want %s", tt.peer, tt.xff, tt.realIP, got, tt.want)
+			if got := clientAddr(r, tt.trusted).String(); got != tt.want {
+				t.Errorf("clientAddr(peer %s, XFF %q, X-Real-IP %q) = %s, want %s", tt.peer, tt.xff, tt.realIP, got, tt.want)
 			}
 		})
 	}
@@ -457,8 +457,8 @@ func TestClientKey(t *testing.T) {
 		if tt.xff != "" {
 			r.Header.Set("X-Forwarded-For", tt.xff)
 		}
-		if got := ClientKey(r, trusted); got != tt.want {
-			t.Errorf("ClientKey(peer %s, apikey %q, XFF %q) = %q, want %q", tt.peer, tt.apikey, tt.xff, got, tt.want)
+		if got := clientKey(r, trusted); got != tt.want {
+			t.Errorf("clientKey(peer %s, apikey %q, XFF %q) = %q, want %q", tt.peer, tt.apikey, tt.xff, got, tt.want)
 		}
 	}
 }

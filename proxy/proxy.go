@@ -31,9 +31,9 @@ import (
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
-// StatusClientClosedRequest is the code counted (never sent) for a request whose client
+// statusClientClosedRequest is the code counted (never sent) for a request whose client
 // went away before its answer: nginx's 499.
-const StatusClientClosedRequest = 499
+const statusClientClosedRequest = 499
 
 // Limits is what the proxy needs of the limiter: the bucket of a route, nil for an
 // unlimited route.
@@ -72,9 +72,8 @@ type Options struct {
 
 // Proxy is the http.Handler that forwards Core's API. It is safe for concurrent use.
 type Proxy struct {
-	router  *chi.Mux
-	other   *route
-	metrics *metrics.Metrics
+	router *chi.Mux
+	other  *route
 }
 
 // route is the per-route state built once: its bucket, its reverse proxy and its metric
@@ -140,20 +139,20 @@ func New(opts Options) (*Proxy, error) {
 		opts.BodyIdleTimeout = 0
 	}
 
-	p := &Proxy{router: chi.NewMux(), metrics: opts.Metrics}
+	p := &Proxy{router: chi.NewMux()}
 	p.router.Use(p.canonicalize)
-	for _, rt := range Routes {
-		h := newRoute(rt.Name, opts)
-		h.submit = rt.Name == "submit"
-		for _, pattern := range rt.Patterns {
-			switch rt.Method {
+	for _, rt := range routeTable {
+		h := newRoute(rt.name, opts)
+		h.submit = rt.name == "submit"
+		for _, pattern := range rt.patterns {
+			switch rt.method {
 			case "*":
 				p.router.Handle(pattern, h)
 			case http.MethodGet:
 				p.router.Method(http.MethodGet, pattern, h)
 				p.router.Method(http.MethodHead, pattern, h)
 			default:
-				p.router.Method(rt.Method, pattern, h)
+				p.router.Method(rt.method, pattern, h)
 			}
 		}
 	}
@@ -235,11 +234,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.router.ServeHTTP(w, r)
 }
 
-// canonicalize makes chi route by CanonicalPath, and refuses with 400 the paths that
+// canonicalize makes chi route by canonicalPath, and refuses with 400 the paths that
 // have none.
 func (p *Proxy) canonicalize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cp, ok := CanonicalPath(r.URL)
+		cp, ok := canonicalPath(r.URL)
 		if !ok {
 			p.other.refuse(w, r, http.StatusBadRequest,
 				"Invalid path: encoded slashes, backslashes and NUL bytes are not accepted.")
@@ -289,7 +288,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var client string
 	if rt.perClient {
-		client = ClientKey(r, rt.trusted)
+		client = clientKey(r, rt.trusted)
 	}
 	d := rt.bucket.Acquire(r.Context(), r, client)
 	rt.decisions[d.Outcome].Inc()
@@ -325,7 +324,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // would make net/http send "200 OK" with an empty body, a status that neither Core
 // nor the proxy gave, which a client could take for Core's answer.
 func abort(rec *recorder) {
-	rec.status = StatusClientClosedRequest
+	rec.status = statusClientClosedRequest
 	rec.aborted = true
 	panic(http.ErrAbortHandler)
 }
@@ -346,7 +345,7 @@ func (rt *route) countCut(rec *recorder, r *http.Request) {
 		rt.upstreamErrors[metrics.KindTimeout].Inc()
 		rt.logUpstream(metrics.KindTimeout, coreErr)
 	case r.Context().Err() != nil:
-		rec.status = StatusClientClosedRequest
+		rec.status = statusClientClosedRequest
 		rt.upstreamErrors[metrics.KindCanceled].Inc()
 	default:
 		rt.upstreamErrors[metrics.KindReset].Inc()
@@ -390,7 +389,7 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		}
 		writeError(w, http.StatusBadRequest, "The request body ended before its Content-Length.")
 		if rec != nil {
-			rec.status = StatusClientClosedRequest
+			rec.status = statusClientClosedRequest
 		}
 	case metrics.KindTimeout:
 		switch {

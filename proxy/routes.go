@@ -7,59 +7,57 @@ import (
 	"strings"
 )
 
-// Route is one row of the route table: the requests of Core's API that share a name,
-// and so a token bucket, a set of environment variables and a metric label.
-type Route struct {
-	// Name is the route's stable snake_case name: the route label of every metric, the
+// routeSpec is one row of the route table: the requests of Core's API that share a
+// name, and so a token bucket, a set of environment variables and a metric label.
+type routeSpec struct {
+	// name is the route's stable snake_case name: the route label of every metric, the
 	// ROUTE of MDPROXY_<ROUTE>_RATE and friends (upper-cased), and the route of logs.
-	Name string
-	// Method is the HTTP method the route answers. GET routes also take HEAD, which
+	name string
+	// method is the HTTP method the route answers. GET routes also take HEAD, which
 	// Core answers with the same work minus the body.
-	Method string
-	// Patterns are chi patterns, matched against the canonical path (see CanonicalPath).
-	Patterns []string
-	// Polled marks the routes that clients call in a loop; they get a limit by default.
-	Polled bool
+	method string
+	// patterns are chi patterns, matched against the canonical path (see canonicalPath).
+	patterns []string
 }
 
-// RouteOther names every request that matches no route of Routes: it is forwarded, and
-// limited only if MDPROXY_OTHER_RATE is set. Requests refused for their path (400) count
-// under it too.
+// RouteOther names every request that matches no route of the route table: it is
+// forwarded, and limited only if MDPROXY_OTHER_RATE is set. Requests refused for their
+// path (400) count under it too.
 const RouteOther = "other"
 
-// Routes is Core's public REST API as mdproxy names it, after the endpoint table of
+// routeTable is Core's public REST API as mdproxy names it, after the endpoint table of
 // docs/core-api.md and OPSWAT's OpenAPI description of Core v4.
-var Routes = []Route{
-	{Name: "submit", Method: http.MethodPost, Patterns: []string{"/file"}},
-	{Name: "file_result", Method: http.MethodGet, Patterns: []string{"/file/{data_id}"}, Polled: true},
-	{Name: "cancel", Method: http.MethodPost, Patterns: []string{"/file/{data_id}/cancel"}},
-	{Name: "sanitized_download", Method: http.MethodGet, Patterns: []string{"/file/converted/{data_id}"}},
-	{Name: "webhook_status", Method: http.MethodGet, Patterns: []string{"/file/webhook/{data_id}"}},
-	{Name: "rules", Method: http.MethodGet, Patterns: []string{"/file/rules"}},
-	{Name: "batch_open", Method: http.MethodPost, Patterns: []string{"/file/batch"}},
-	{Name: "batch_status", Method: http.MethodGet, Patterns: []string{"/file/batch/{batch_id}"}, Polled: true},
-	{Name: "batch_close", Method: http.MethodPost, Patterns: []string{"/file/batch/{batch_id}/close"}},
-	{Name: "batch_certificate", Method: http.MethodGet, Patterns: []string{"/file/batch/{batch_id}/certificate"}},
-	{Name: "hash_lookup", Method: http.MethodGet, Patterns: []string{"/hash/{hash}"}, Polled: true},
-	{Name: "login", Method: http.MethodPost, Patterns: []string{"/login"}},
-	{Name: "logout", Method: http.MethodPost, Patterns: []string{"/logout"}},
-	{Name: "version", Method: http.MethodGet, Patterns: []string{"/version"}},
-	{Name: "stat", Method: http.MethodGet, Patterns: []string{"/stat/nodes", "/stat/engines"}},
-	{Name: "readyz", Method: http.MethodGet, Patterns: []string{"/readyz"}},
-	{Name: "admin", Method: "*", Patterns: []string{"/admin", "/admin/*"}},
+var routeTable = []routeSpec{
+	{name: "submit", method: http.MethodPost, patterns: []string{"/file"}},
+	{name: "file_result", method: http.MethodGet, patterns: []string{"/file/{data_id}"}},
+	{name: "cancel", method: http.MethodPost, patterns: []string{"/file/{data_id}/cancel"}},
+	{name: "sanitized_download", method: http.MethodGet, patterns: []string{"/file/converted/{data_id}"}},
+	{name: "webhook_status", method: http.MethodGet, patterns: []string{"/file/webhook/{data_id}"}},
+	{name: "rules", method: http.MethodGet, patterns: []string{"/file/rules"}},
+	{name: "batch_open", method: http.MethodPost, patterns: []string{"/file/batch"}},
+	{name: "batch_status", method: http.MethodGet, patterns: []string{"/file/batch/{batch_id}"}},
+	{name: "batch_close", method: http.MethodPost, patterns: []string{"/file/batch/{batch_id}/close"}},
+	{name: "batch_certificate", method: http.MethodGet, patterns: []string{"/file/batch/{batch_id}/certificate"}},
+	{name: "hash_lookup", method: http.MethodGet, patterns: []string{"/hash/{hash}"}},
+	{name: "login", method: http.MethodPost, patterns: []string{"/login"}},
+	{name: "logout", method: http.MethodPost, patterns: []string{"/logout"}},
+	{name: "version", method: http.MethodGet, patterns: []string{"/version"}},
+	{name: "stat", method: http.MethodGet, patterns: []string{"/stat/nodes", "/stat/engines"}},
+	{name: "readyz", method: http.MethodGet, patterns: []string{"/readyz"}},
+	{name: "admin", method: "*", patterns: []string{"/admin", "/admin/*"}},
 }
 
-// RouteNames returns the name of every route of Routes, then RouteOther: the complete,
-// fixed set of route label values.
+// RouteNames returns the name of every route of the route table, then RouteOther: the
+// complete, fixed set of route label values, in a new slice on each call.
 func RouteNames() []string {
-	names := make([]string, 0, len(Routes)+1)
-	for _, r := range Routes {
-		names = append(names, r.Name)
+	names := make([]string, 0, len(routeTable)+1)
+	for _, r := range routeTable {
+		names = append(names, r.name)
 	}
 	return append(names, RouteOther)
 }
 
-// CanonicalPath returns the path a request is routed by, so that no spelling of a path
+// canonicalPath returns the path a request is routed by, so that no spelling of a path
 // escapes the bucket of the route it reaches at Core: the decoded path with empty, "."
 // and ".." segments resolved, no trailing slash, in lower case (Core on Windows matches
 // paths without regard to case). ok is false for a path whose meaning depends on the
@@ -68,7 +66,7 @@ func RouteNames() []string {
 //
 // The canonical path is used for routing only; the path forwarded to Core keeps the
 // client's spelling and encoding.
-func CanonicalPath(u *url.URL) (p string, ok bool) {
+func canonicalPath(u *url.URL) (p string, ok bool) {
 	if (u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c")) ||
 		strings.ContainsAny(u.Path, "\\\x00") {
 		return "", false
@@ -77,7 +75,7 @@ func CanonicalPath(u *url.URL) (p string, ok bool) {
 }
 
 // containsFold reports whether s contains any of the lower-case escapes, in either
-// case, without allocating (CanonicalPath runs on every request).
+// case, without allocating (canonicalPath runs on every request).
 func containsFold(s string, escapes ...string) bool {
 	for i := 0; i+3 <= len(s); i++ {
 		if s[i] != '%' {

@@ -71,7 +71,7 @@ func do(t testing.TB, client *http.Client, method, url string, header http.Heade
 	return resp, string(b)
 }
 
-// TestRouteTable checks that every pattern of every route of Routes, with its method
+// TestRouteTable checks that every pattern of every route of routeTable, with its method
 // (GET routes also with HEAD, "*" routes with several methods), reaches the upstream
 // and is counted under the route's name; and that unknown paths and unlisted methods
 // are forwarded and counted under "other".
@@ -81,19 +81,19 @@ func TestRouteTable(t *testing.T) {
 
 	type call struct{ method, path, route string }
 	var calls []call
-	for _, rt := range Routes {
-		for _, pattern := range rt.Patterns {
+	for _, rt := range routeTable {
+		for _, pattern := range rt.patterns {
 			path := samplePath(pattern)
-			switch rt.Method {
+			switch rt.method {
 			case "*":
 				for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodHead} {
-					calls = append(calls, call{m, path, rt.Name})
+					calls = append(calls, call{m, path, rt.name})
 				}
-				calls = append(calls, call{http.MethodGet, pattern, rt.Name}) // "/admin" itself
+				calls = append(calls, call{http.MethodGet, pattern, rt.name}) // "/admin" itself
 			case http.MethodGet:
-				calls = append(calls, call{http.MethodGet, path, rt.Name}, call{http.MethodHead, path, rt.Name})
+				calls = append(calls, call{http.MethodGet, path, rt.name}, call{http.MethodHead, path, rt.name})
 			default:
-				calls = append(calls, call{rt.Method, path, rt.Name})
+				calls = append(calls, call{rt.method, path, rt.name})
 			}
 		}
 	}
@@ -140,23 +140,23 @@ func TestRouteTable(t *testing.T) {
 	waitMetric(t, reg, "mdproxy_limiter_decisions_total", nil, float64(len(calls)))
 }
 
-// TestRouteTableCoversNames checks RouteNames: every route of Routes once, then other.
+// TestRouteTableCoversNames checks RouteNames: every route of routeTable once, then other.
 func TestRouteTableCoversNames(t *testing.T) {
 	names := RouteNames()
-	if len(names) != len(Routes)+1 || names[len(names)-1] != RouteOther {
-		t.Fatalf("RouteNames() = %v, want the %d names of Routes then %q", names, len(Routes), RouteOther)
+	if len(names) != len(routeTable)+1 || names[len(names)-1] != RouteOther {
+		t.Fatalf("RouteNames() = %v, want the %d names of routeTable then %q", names, len(routeTable), RouteOther)
 	}
 	seen := map[string]bool{}
-	for i, rt := range Routes {
-		if names[i] != rt.Name {
-			t.Errorf("RouteNames()[%d] = %q, want %q", i, names[i], rt.Name)
+	for i, rt := range routeTable {
+		if names[i] != rt.name {
+			t.Errorf("RouteNames()[%d] = %q, want %q", i, names[i], rt.name)
 		}
-		if seen[rt.Name] {
-			t.Errorf("route name %q appears twice in Routes", rt.Name)
+		if seen[rt.name] {
+			t.Errorf("route name %q appears twice in routeTable", rt.name)
 		}
-		seen[rt.Name] = true
-		if !regexp.MustCompile(`^[a-z][a-z0-9_]*$`).MatchString(rt.Name) {
-			t.Errorf("route name %q is not snake_case", rt.Name)
+		seen[rt.name] = true
+		if !regexp.MustCompile(`^[a-z][a-z0-9_]*$`).MatchString(rt.name) {
+			t.Errorf("route name %q is not snake_case", rt.name)
 		}
 	}
 }
@@ -270,7 +270,7 @@ func TestPathForwardedAsSpelled(t *testing.T) {
 	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "hash_lookup", "code": "200"}, 1)
 }
 
-// TestCanonicalPath checks CanonicalPath directly.
+// TestCanonicalPath checks canonicalPath directly.
 func TestCanonicalPath(t *testing.T) {
 	tests := []struct {
 		raw    string
@@ -295,9 +295,9 @@ func TestCanonicalPath(t *testing.T) {
 		if err != nil {
 			t.Fatalf("NewRequest(%q): %v", tt.raw, err)
 		}
-		got, ok := CanonicalPath(req.URL)
+		got, ok := canonicalPath(req.URL)
 		if got != tt.want || ok != tt.wantOK {
-			t.Errorf("CanonicalPath(%q) = %q, %v, want %q, %v", tt.raw, got, ok, tt.want, tt.wantOK)
+			t.Errorf("canonicalPath(%q) = %q, %v, want %q, %v", tt.raw, got, ok, tt.want, tt.wantOK)
 		}
 	}
 }
