@@ -10,11 +10,11 @@ import (
 	"github.com/go-chi/httprate"
 )
 
-// DefaultClientKeysMax is the number of client keys each per-client share tracks at
+// defaultClientKeysMax is the number of client keys each per-client share tracks at
 // once when no WithClientKeysMax option says otherwise: the default of mdproxy's
 // MDPROXY_CLIENT_KEYS_MAX. At 30 to 60 bytes a key (a Go map doubles as it grows), it
 // bounds a share to a few MiB.
-const DefaultClientKeysMax = 100_000
+const defaultClientKeysMax = 100_000
 
 // minSweepEvery is the shortest period of the sweep of idle client keys: a client window
 // of a few milliseconds must not make the sweep run that often.
@@ -29,7 +29,7 @@ type options struct {
 }
 
 func newOptions(opts []Option) options {
-	o := options{clientKeysMax: DefaultClientKeysMax}
+	o := options{clientKeysMax: defaultClientKeysMax}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -40,8 +40,8 @@ func newOptions(opts []Option) options {
 }
 
 // WithClientKeysMax bounds the client keys that each per-client share tracks at once to
-// n (see Bucket for what a key beyond the bound gets). n <= 0 keeps
-// DefaultClientKeysMax.
+// n (see Bucket for what a key beyond the bound gets). n <= 0 keeps the default,
+// 100,000.
 func WithClientKeysMax(n int) Option {
 	return func(o *options) {
 		if n > 0 {

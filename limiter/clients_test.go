@@ -25,12 +25,12 @@ func newBucketT(t testing.TB, l Limit, now func() time.Time, opts ...Option) *Bu
 	return b
 }
 
-// clientKeys returns b.ClientKeys() without its ok, failing t when b has no share.
+// clientKeys returns b.clientKeys() without its ok, failing t when b has no share.
 func clientKeys(t testing.TB, b *Bucket) (tracked int, untracked uint64) {
 	t.Helper()
-	tracked, untracked, ok := b.ClientKeys()
+	tracked, untracked, ok := b.clientKeys()
 	if !ok {
-		t.Fatalf("ClientKeys() ok = false, want a per-client share")
+		t.Fatalf("clientKeys() ok = false, want a per-client share")
 	}
 	return tracked, untracked
 }
@@ -112,7 +112,7 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 	}
 	full := heap()
 	if tracked, _ := clientKeys(t, b); tracked != keys {
-		t.Fatalf("ClientKeys() tracked = %d, want %d", tracked, keys)
+		t.Fatalf("clientKeys() tracked = %d, want %d", tracked, keys)
 	}
 	grown := int64(full) - int64(base)
 	t.Logf("heap: baseline %d B, with %d keys %+d B (%.1f B a key)", base, keys, grown, float64(grown)/keys)
@@ -123,13 +123,13 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 	// Still within two windows: nothing is idle, nothing is freed.
 	b.clients.sweep(time.Now())
 	if tracked, _ := clientKeys(t, b); tracked != keys {
-		t.Errorf("after a sweep within the window, ClientKeys() tracked = %d, want %d", tracked, keys)
+		t.Errorf("after a sweep within the window, clientKeys() tracked = %d, want %d", tracked, keys)
 	}
 	// Two windows later every key is idle.
 	b.clients.sweep(time.Now().Add(2 * window))
 	after := heap()
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
-		t.Errorf("after the window passed, ClientKeys() tracked = %d, want 0", tracked)
+		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
 	}
 	if timerPending(b) {
 		t.Errorf("after every key was freed, the sweep timer is pending, want none")
@@ -179,7 +179,7 @@ func TestClientKeysCap(t *testing.T) {
 		}
 		tracked, untracked := clientKeys(t, b)
 		if tracked != max || untracked != 2*(keys-max) {
-			t.Errorf("ClientKeys() = %d, %d; want %d, %d", tracked, untracked, max, 2*(keys-max))
+			t.Errorf("clientKeys() = %d, %d; want %d, %d", tracked, untracked, max, 2*(keys-max))
 		}
 		// Freed keys make room: a new key gets its share again.
 		b.clients.sweep(later())
@@ -235,12 +235,12 @@ func TestClientKeysCap(t *testing.T) {
 			default:
 			}
 			if tracked, _ := clientKeys(t, b); tracked > max {
-				t.Fatalf("ClientKeys() tracked = %d, want at most %d", tracked, max)
+				t.Fatalf("clientKeys() tracked = %d, want at most %d", tracked, max)
 			}
 			b.clients.sweep(later())
 		}
 		if tracked, _ := clientKeys(t, b); tracked != 0 {
-			t.Errorf("after the last sweep, ClientKeys() tracked = %d, want 0", tracked)
+			t.Errorf("after the last sweep, clientKeys() tracked = %d, want 0", tracked)
 		}
 	})
 }
@@ -274,10 +274,10 @@ func TestClientLimitWithoutRate(t *testing.T) {
 	}
 	b.clients.sweep(time.Now().Add(2 * window))
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
-		t.Errorf("after the window passed, ClientKeys() tracked = %d, want 0", tracked)
+		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
 	}
-	if _, _, ok := s.Bucket("file_result").ClientKeys(); ok {
-		t.Errorf("ClientKeys() of a bucket without a share: ok = true, want false")
+	if _, _, ok := s.Bucket("file_result").clientKeys(); ok {
+		t.Errorf("clientKeys() of a bucket without a share: ok = true, want false")
 	}
 }
 
@@ -306,7 +306,7 @@ func TestClientKeysSweepTimer(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the last request: ClientKeys() tracked = %d, timer pending %v; want 0, false",
+			t.Fatalf("10 s after the last request: clientKeys() tracked = %d, timer pending %v; want 0, false",
 				tracked, timerPending(b))
 		}
 		time.Sleep(5 * time.Millisecond)

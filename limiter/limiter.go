@@ -106,14 +106,14 @@ func (d Decision) RetryAfterSeconds() int {
 // share. A nil *Bucket allows everything. A Bucket is safe for concurrent use.
 //
 // The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
-// DefaultClientKeysMax by default; 30 to 60 bytes a key). A key is freed once idle, when
+// 100,000 by default; 30 to 60 bytes a key). A key is freed once idle, when
 // its requests no longer weigh in the sliding window (one to two windows after its last
 // request): a timer sweeps the idle keys every window (at most once a second) while keys
 // are tracked, and stops when none is, so that memory returns to its baseline without
 // waiting for a request. While the bound is reached, a request of a new key passes the
 // per-client check untracked: the route's global bucket, which protects Core, still
 // decides for it, whereas refusing it would let a flood of made-up keys lock out every
-// client that arrives after it. Such requests are counted (ClientKeys) and logged at
+// client that arrives after it. Such requests are counted (Set.ClientKeys) and logged at
 // most once a sweep (WithLogger). Keys already tracked keep their share.
 type Bucket struct {
 	limit Limit
@@ -178,11 +178,11 @@ func NewBucket(l Limit, now func() time.Time, opts ...Option) (*Bucket, error) {
 	return b, nil
 }
 
-// ClientKeys returns the client keys the per-client share tracks now (idle ones
+// clientKeys returns the client keys the per-client share tracks now (idle ones
 // included until the next sweep) and the requests it let through untracked since the
 // bucket was built, because the bound of keys was reached. ok is false when the bucket
 // has no per-client share (or is nil). Safe for concurrent use.
-func (b *Bucket) ClientKeys() (tracked int, untracked uint64, ok bool) {
+func (b *Bucket) clientKeys() (tracked int, untracked uint64, ok bool) {
 	if b == nil || b.clients == nil {
 		return 0, 0, false
 	}
@@ -411,7 +411,7 @@ func (s *Set) Bucket(route string) *Bucket {
 }
 
 // ClientKeys calls f once for each route with a per-client share, in no set order,
-// with what Bucket.ClientKeys returns: the client keys tracked now and the requests
+// with what the route's bucket reports: the client keys tracked now and the requests
 // let through untracked since the start. It serves metrics at scrape time. Safe for
 // concurrent use.
 func (s *Set) ClientKeys(f func(route string, tracked int, untracked uint64)) {
@@ -419,7 +419,7 @@ func (s *Set) ClientKeys(f func(route string, tracked int, untracked uint64)) {
 		return
 	}
 	for route, b := range s.buckets {
-		if tracked, untracked, ok := b.ClientKeys(); ok {
+		if tracked, untracked, ok := b.clientKeys(); ok {
 			f(route, tracked, untracked)
 		}
 	}
