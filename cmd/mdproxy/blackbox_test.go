@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // The black-box tests run the built mdproxy binary, as an operator would, against
@@ -65,7 +67,7 @@ type proc struct {
 	cmd                *exec.Cmd
 	proxyAddr          string // host:port of the proxy listener
 	proxyURL, adminURL string
-	logs               *logBuffer // every line the process wrote on stderr
+	logs               *sidecartest.LogBuffer // every line the process wrote on stderr
 	exited             chan struct{}
 	exitErr            error // Wait's result, once exited is closed
 }
@@ -98,7 +100,7 @@ func startBinary(t *testing.T, upstreamURL string, env map[string]string) *proc 
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting mdproxy: %v", err)
 	}
-	p := &proc{cmd: cmd, logs: &logBuffer{}, exited: make(chan struct{})}
+	p := &proc{cmd: cmd, logs: &sidecartest.LogBuffer{}, exited: make(chan struct{})}
 	serving := make(chan struct{ Listen, Admin string }, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -181,6 +183,6 @@ func (p *proc) metrics(t *testing.T) string {
 // in the process's /metrics, 0 when absent.
 func (p *proc) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	v, _ := metricValue(p.metrics(t), series)
+	v, _ := sidecartest.MetricValue(p.metrics(t), series)
 	return v
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // TestBinaryClientKeysFreed is issue 9's eighth case against the built binary: many
@@ -23,7 +25,7 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 		keysMax = 500
 		workers = 8
 	)
-	up := newUpstream(t)
+	up := sidecartest.NewUpstream(t)
 	start := time.Now()
 	p := startBinary(t, up.URL, map[string]string{
 		// The route that grew without bound: a per-client share and no rate.
@@ -62,10 +64,10 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 			t.Fatalf("GET /hash/abc #%d: %v", i+1, err)
 		}
 		if code != want {
-			t.Fatalf("GET /hash/abc #%d = %d %q, want %d", i+1, code, short(body), want)
+			t.Fatalf("GET /hash/abc #%d = %d %q, want %d", i+1, code, sidecartest.Short(body), want)
 		}
 		if code == 503 && !strings.Contains(body, "this client") {
-			t.Errorf("GET /hash/abc #%d body = %q, want the per-client limit answer", i+1, short(body))
+			t.Errorf("GET /hash/abc #%d body = %q, want the per-client limit answer", i+1, sidecartest.Short(body))
 		}
 	}
 	if got := tracked("hash_lookup"); got != 1 {
@@ -88,7 +90,7 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 				if err != nil || code != 200 {
 					// A new key is always within its share, tracked or not.
 					if failed.Add(1) == 1 {
-						t.Errorf("GET /file/d%d with a new apikey = %d %q, %v; want 200", i, code, short(body), err)
+						t.Errorf("GET /file/d%d with a new apikey = %d %q, %v; want 200", i, code, sidecartest.Short(body), err)
 					}
 					return
 				}
@@ -100,7 +102,7 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 		t.FailNow()
 	}
 	flood := time.Since(floodStart)
-	seen := len(up.requests())
+	seen := len(up.Requests())
 	heapFlood := p.metric(t, "go_memstats_heap_inuse_bytes")
 
 	if got := tracked("file_result"); got > keysMax {
@@ -124,7 +126,7 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 	t.Logf("%d keys sent in %v, freed %v later", keys, flood.Round(time.Millisecond), (time.Since(floodStart) - flood).Round(time.Millisecond))
 	t.Logf("go_memstats_heap_inuse_bytes: %.0f before, %.0f after %d keys, %.0f once they were freed",
 		heapBefore, heapFlood, keys, heapAfter)
-	if got := len(up.requests()); got != seen {
+	if got := len(up.Requests()); got != seen {
 		t.Errorf("Core received %d requests while the keys were freed, want none", got-seen)
 	}
 	if got := tracked("hash_lookup"); got != 1 {

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // newLoopback starts h on a loopback httptest.Server closed by cleanup.
@@ -110,7 +111,7 @@ func TestHalfCloseNeverEmpty200(t *testing.T) {
 		{"poll waiting for a token", "GET /hash/abc HTTP/1.1\r\nHost: x\r\n\r\n"},
 	}
 	// Take the hash_lookup bucket's only token, so that the third request waits.
-	if code, _ := get(t, newClient(t), p.proxyURL+"/hash/first"); code != http.StatusOK {
+	if code, _ := sidecartest.Get(t, sidecartest.NewClient(t), p.proxyURL+"/hash/first"); code != http.StatusOK {
 		t.Fatalf("GET /hash/first = %d, want 200", code)
 	}
 	for _, tt := range tests {
@@ -153,7 +154,7 @@ func TestCanceledWaitersKeepCoreRate(t *testing.T) {
 	})
 	const clients, period = 10, 8 * time.Second
 	deadline := time.Now().Add(period)
-	c := newClient(t)
+	c := sidecartest.NewClient(t)
 	var wg sync.WaitGroup
 	for range clients {
 		wg.Go(func() {
@@ -190,7 +191,7 @@ func TestCanceledWaiterTurnGivenOn(t *testing.T) {
 	p := startBinary(t, up.URL, map[string]string{
 		"MDPROXY_FILE_RESULT_RATE": "1", "MDPROXY_FILE_RESULT_BURST": "1", "MDPROXY_FILE_RESULT_MAX_WAIT": "10s",
 	})
-	c := newClient(t)
+	c := sidecartest.NewClient(t)
 	poll := func(id string, timeout time.Duration) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -359,11 +360,11 @@ func TestEarlyRefusalRelayed(t *testing.T) {
 			waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "400", "method", "POST", "route", "submit"), runs)
 			m := p.metrics(t)
 			for _, kind := range []string{"refused", "reset", "timeout", "canceled", "other"} {
-				if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+				if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
 					t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
 				}
 			}
-			if v, _ := metricValue(m, series("mdproxy_requests_total", "code", "502", "method", "POST", "route", "submit")); v != 0 {
+			if v, _ := sidecartest.MetricValue(m, series("mdproxy_requests_total", "code", "502", "method", "POST", "route", "submit")); v != 0 {
 				t.Errorf("answers 502 to refused uploads = %v, want 0", v)
 			}
 		})
@@ -387,7 +388,7 @@ func TestStalledResponseBodyCut(t *testing.T) {
 	p := startBinary(t, up.URL, map[string]string{"MDPROXY_UPSTREAM_TIMEOUT": "2s", "MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
 	// The proxy had not flushed the 10 bytes (nor the headers) when it cut: the client
 	// sees the connection end, either before the headers or within the body.
-	c := newClient(t)
+	c := sidecartest.NewClient(t)
 	c.Timeout = safety
 	resp, err := c.Get(p.proxyURL + "/file/x")
 	if err == nil {
@@ -604,7 +605,7 @@ func TestCoreRefusalsRelayed(t *testing.T) {
 	core := httptest.NewServer(sim.Handler())
 	t.Cleanup(core.Close)
 	p := startBinary(t, core.URL, nil)
-	c := newClient(t)
+	c := sidecartest.NewClient(t)
 	req, _ := http.NewRequest(http.MethodPost, p.proxyURL+"/file", strings.NewReader("first"))
 	req.Header.Set("apikey", "secret")
 	resp, err := c.Do(req)
@@ -634,7 +635,7 @@ func TestCoreRefusalsRelayed(t *testing.T) {
 	}
 	m := p.metrics(t)
 	for _, kind := range []string{"refused", "reset", "timeout", "other"} {
-		if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+		if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
 			t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
 		}
 	}
@@ -680,11 +681,11 @@ func TestAbandonedUploadIs499(t *testing.T) {
 	waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "499", "method", "POST", "route", "submit"), runs)
 	m := p.metrics(t)
 	for _, code := range []string{"502", "504", "400", "200"} {
-		if v, _ := metricValue(m, series("mdproxy_requests_total", "code", code, "method", "POST", "route", "submit")); v != 0 {
+		if v, _ := sidecartest.MetricValue(m, series("mdproxy_requests_total", "code", code, "method", "POST", "route", "submit")); v != 0 {
 			t.Errorf("abandoned uploads counted with code %s = %v, want 0 (all 499)", code, v)
 		}
 	}
-	if v, _ := metricValue(m, series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit")); v != 0 {
+	if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit")); v != 0 {
 		t.Errorf("abandoned uploads counted as Core resetting = %v, want 0", v)
 	}
 }

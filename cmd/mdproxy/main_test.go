@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: a server, a
@@ -24,6 +26,10 @@ import (
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeSharedBinary() }))
 }
+
+// safety bounds a wait that only a broken program would reach; a test never passes or
+// fails because of how long it took.
+const safety = sidecartest.Safety
 
 // buildBinary builds mdproxy into a temporary directory with the go command of the
 // toolchain running the test, and returns its path.
@@ -88,7 +94,7 @@ func TestBinary(t *testing.T) {
 			if strings.Count(msg, "\n") != 1 || !strings.HasSuffix(msg, "\n") {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want one line", tc.name, tc.value, msg)
 			}
-			if !namesVar(msg, tc.name) {
+			if !sidecartest.NamesVar(msg, tc.name) {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want it to name %s", tc.name, tc.value, msg, tc.name)
 			}
 			if stdout.Len() != 0 {
@@ -114,7 +120,7 @@ func TestBinary(t *testing.T) {
 		if code := exitCode(t, cmd.Run()); code != 1 {
 			t.Errorf("mdproxy on a busy address exit code = %d, want 1; stderr:\n%s", code, stderr.String())
 		}
-		if msg := stderr.String(); !namesVar(msg, "MDPROXY_LISTEN_ADDR") {
+		if msg := stderr.String(); !sidecartest.NamesVar(msg, "MDPROXY_LISTEN_ADDR") {
 			t.Errorf("mdproxy on a busy address stderr = %q, want it to name MDPROXY_LISTEN_ADDR", msg)
 		}
 	})
@@ -123,8 +129,8 @@ func TestBinary(t *testing.T) {
 	for _, sig := range []os.Signal{syscall.SIGTERM, os.Interrupt} {
 		t.Run("exit0/"+sig.String(), func(t *testing.T) {
 			t.Parallel()
-			up := newUpstream(t)
-			c := newClient(t)
+			up := sidecartest.NewUpstream(t)
+			c := sidecartest.NewClient(t)
 			ctx, cancel := context.WithTimeout(context.Background(), safety)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin)
@@ -151,10 +157,10 @@ func TestBinary(t *testing.T) {
 				switch rec.Msg {
 				case "mdproxy serving":
 					served = true
-					if code, body := get(t, c, "http://"+rec.Listen+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
+					if code, body := sidecartest.Get(t, c, "http://"+rec.Listen+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
 						t.Errorf("GET proxy /file/x = %d %q, want 200 from the upstream", code, body)
 					}
-					if code, _ := get(t, c, "http://"+rec.Admin+"/readyz"); code != http.StatusOK {
+					if code, _ := sidecartest.Get(t, c, "http://"+rec.Admin+"/readyz"); code != http.StatusOK {
 						t.Errorf("GET admin /readyz = %d, want 200", code)
 					}
 					if err := cmd.Process.Signal(sig); err != nil {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // The shutdown of issue 9, case 9: on SIGTERM /readyz turns 503 at once while the proxy
@@ -74,14 +76,14 @@ func checkReadyz(t *testing.T, p *proc) {
 
 // checkPoll checks that GET path through the proxy, on a new connection, is answered
 // 200 by the upstream.
-func checkPoll(t *testing.T, p *proc, up *upstream, path, when string) {
+func checkPoll(t *testing.T, p *proc, up *sidecartest.Upstream, path, when string) {
 	t.Helper()
 	code, body, err := freshGet(p.proxyURL + path)
 	if want := "upstream " + path + "\n"; err != nil || code != http.StatusOK || body != want {
-		t.Errorf("GET proxy %s %s = %d %q, %v; want 200 %q from the upstream", path, when, code, short(body), err, want)
+		t.Errorf("GET proxy %s %s = %d %q, %v; want 200 %q from the upstream", path, when, code, sidecartest.Short(body), err, want)
 	}
-	if !up.saw("GET " + path) {
-		t.Errorf("upstream saw %q, want GET %s among them", up.requests(), path)
+	if !up.Saw("GET " + path) {
+		t.Errorf("upstream saw %q, want GET %s among them", up.Requests(), path)
 	}
 }
 
@@ -132,15 +134,15 @@ type heldUpload struct {
 	size    int64
 	sum     string
 	release func()
-	result  chan uploadResult
+	result  chan sidecartest.UploadResult
 }
 
 // startHeldUpload starts a held upload to p on a connection of its own and returns
 // once its first bytes reached up. Cleanup ends it.
-func startHeldUpload(t *testing.T, p *proc, up *upstream) *heldUpload {
+func startHeldUpload(t *testing.T, p *proc, up *sidecartest.Upstream) *heldUpload {
 	t.Helper()
 	const half = 64 << 10
-	src, _ := payload(9, 2*half)
+	src, _ := sidecartest.Payload(9, 2*half)
 	data, err := io.ReadAll(src)
 	if err != nil {
 		t.Fatal(err)
@@ -152,14 +154,14 @@ func startHeldUpload(t *testing.T, p *proc, up *upstream) *heldUpload {
 	body := io.MultiReader(bytes.NewReader(data[:half]), gateReader{ctx, gate}, bytes.NewReader(data[half:]))
 	tr := &http.Transport{DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
-	u := &heldUpload{size: 2 * half, sum: hex.EncodeToString(h[:]), result: make(chan uploadResult, 1)}
+	u := &heldUpload{size: 2 * half, sum: hex.EncodeToString(h[:]), result: make(chan sidecartest.UploadResult, 1)}
 	u.release = sync.OnceFunc(func() { close(gate) })
 	t.Cleanup(u.release)
-	go func() { u.result <- postFile(ctx, &http.Client{Transport: tr}, p.proxyURL, body, u.size) }()
+	go func() { u.result <- sidecartest.PostFile(ctx, &http.Client{Transport: tr}, p.proxyURL, body, u.size) }()
 	select {
-	case <-up.firstByte:
+	case <-up.FirstByte:
 	case res := <-u.result:
-		t.Fatalf("upload ended before it reached the upstream: %d %q %v", res.status, res.raw, res.err)
+		t.Fatalf("upload ended before it reached the upstream: %d %q %v", res.Status, res.Raw, res.Err)
 	case <-time.After(safety):
 		t.Fatal("no upload byte reached the upstream")
 	}
@@ -167,12 +169,12 @@ func startHeldUpload(t *testing.T, p *proc, up *upstream) *heldUpload {
 }
 
 // check releases the upload and checks that it succeeded byte for byte.
-func (u *heldUpload) check(t *testing.T, up *upstream) {
+func (u *heldUpload) check(t *testing.T, up *sidecartest.Upstream) {
 	t.Helper()
 	u.release()
 	select {
 	case res := <-u.result:
-		checkUpload(t, up, res, u.size, u.sum)
+		sidecartest.CheckUpload(t, up, res, u.size, u.sum)
 	case <-time.After(safety):
 		t.Fatalf("upload did not end within %v of its release", safety)
 	}
@@ -182,7 +184,7 @@ func (u *heldUpload) check(t *testing.T, up *upstream) {
 func checkPhases(t *testing.T, p *proc, phases ...string) {
 	t.Helper()
 	var msgs []string
-	for _, l := range checkJSONLogs(t, p.logs.String()) {
+	for _, l := range sidecartest.CheckJSONLogs(t, p.logs.String()) {
 		if m, ok := l["msg"].(string); ok {
 			msgs = append(msgs, m)
 		}
@@ -202,12 +204,12 @@ func checkPhases(t *testing.T, p *proc, phases ...string) {
 func TestShutdownDelay(t *testing.T) {
 	t.Parallel()
 	const delay = 2 * time.Second
-	up := newUpstream(t)
+	up := sidecartest.NewUpstream(t)
 	p := startBinary(t, up.URL, map[string]string{"MDPROXY_SHUTDOWN_DELAY": delay.String()})
 	checkPoll(t, p, up, "/file/before", "before SIGTERM")
 
-	shuttingDown := p.logs.written("mdproxy shutting down")
-	draining := p.logs.written("mdproxy draining")
+	shuttingDown := p.logs.Written("mdproxy shutting down")
+	draining := p.logs.Written("mdproxy draining")
 	signaled := time.Now()
 	p.signal(t, syscall.SIGTERM)
 	await(t, p, shuttingDown, "mdproxy shutting down")
@@ -250,12 +252,12 @@ func TestShutdownSecondSignal(t *testing.T) {
 	for _, second := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(second.String(), func(t *testing.T) {
 			t.Parallel()
-			up := newUpstream(t)
+			up := sidecartest.NewUpstream(t)
 			p := startBinary(t, up.URL, map[string]string{"MDPROXY_SHUTDOWN_DELAY": "1h"})
 
-			shuttingDown := p.logs.written("mdproxy shutting down")
-			cutShort := p.logs.written("mdproxy shutdown delay cut short")
-			draining := p.logs.written("mdproxy draining")
+			shuttingDown := p.logs.Written("mdproxy shutting down")
+			cutShort := p.logs.Written("mdproxy shutdown delay cut short")
+			draining := p.logs.Written("mdproxy draining")
 			p.signal(t, syscall.SIGTERM)
 			await(t, p, shuttingDown, "mdproxy shutting down")
 			checkReadyz(t, p)

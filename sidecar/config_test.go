@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"errors"
@@ -13,41 +13,17 @@ import (
 
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/proxy"
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
-
-// routeVar returns the variable of a route's setting, e.g. MDPROXY_FILE_RESULT_RATE.
-func routeVar(route, setting string) string {
-	return envPrefix + strings.ToUpper(route) + "_" + setting
-}
-
-// namesVar reports whether msg names the variable name as a whole word: not as a part
-// of a longer name (MDPROXY_UPSTREAM_TIMEOUT is not named by
-// MDPROXY_UPSTREAM_TIMEOUTS, nor MDPROXY_STAT_RATE by MDPROXY_XSTAT_RATE).
-func namesVar(msg, name string) bool {
-	isNameByte := func(b byte) bool {
-		return b == '_' || 'A' <= b && b <= 'Z' || 'a' <= b && b <= 'z' || '0' <= b && b <= '9'
-	}
-	for i := 0; ; {
-		j := strings.Index(msg[i:], name)
-		if j < 0 {
-			return false
-		}
-		start, end := i+j, i+j+len(name)
-		if (start == 0 || !isNameByte(msg[start-1])) && (end == len(msg) || !isNameByte(msg[end])) {
-			return true
-		}
-		i = start + 1
-	}
-}
 
 func TestLoadConfigDefaults(t *testing.T) {
 	// The map is the only source: a variable of the process environment is not read.
 	t.Setenv("MDPROXY_LISTEN_ADDR", "192.0.2.1:1")
 	t.Setenv("MDPROXY_FILE_RESULT_RATE", "1000")
 
-	c, err := loadConfig(map[string]string{})
+	c, err := LoadConfig(map[string]string{})
 	if err != nil {
-		t.Fatalf("loadConfig(empty) error = %v, want nil", err)
+		t.Fatalf("LoadConfig(empty) error = %v, want nil", err)
 	}
 	for _, tc := range []struct {
 		name      string
@@ -71,7 +47,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
 	} {
 		if tc.got != tc.want {
-			t.Errorf("loadConfig(empty).%s = %v, want %v", tc.name, tc.got, tc.want)
+			t.Errorf("LoadConfig(empty).%s = %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
 
@@ -90,21 +66,21 @@ func TestLoadConfigDefaults(t *testing.T) {
 	for _, name := range proxy.RouteNames() {
 		got, ok := c.Limits[name]
 		if !ok {
-			t.Errorf("loadConfig(empty).Limits has no route %q", name)
+			t.Errorf("LoadConfig(empty).Limits has no route %q", name)
 			continue
 		}
 		if want := documented[name]; got != want {
-			t.Errorf("loadConfig(empty).Limits[%q] = %+v, want %+v", name, got, want)
+			t.Errorf("LoadConfig(empty).Limits[%q] = %+v, want %+v", name, got, want)
 		}
 	}
 	for _, name := range []string{"submit", proxy.RouteOther, "sanitized_download", "readyz"} {
 		if !c.Limits[name].Unlimited() {
-			t.Errorf("loadConfig(empty).Limits[%q] = %+v, want unlimited", name, c.Limits[name])
+			t.Errorf("LoadConfig(empty).Limits[%q] = %+v, want unlimited", name, c.Limits[name])
 		}
 	}
 	for _, name := range []string{"file_result", "batch_status", "hash_lookup"} {
 		if c.Limits[name].Unlimited() {
-			t.Errorf("loadConfig(empty).Limits[%q] is unlimited, want limited by default", name)
+			t.Errorf("LoadConfig(empty).Limits[%q] is unlimited, want limited by default", name)
 		}
 	}
 }
@@ -165,24 +141,24 @@ func TestLoadConfigBadValue(t *testing.T) {
 	for _, tc := range cases {
 		value := tc.env[tc.wantVar]
 		t.Run(fmt.Sprintf("%s=%q", tc.wantVar, value), func(t *testing.T) {
-			c, err := loadConfig(tc.env)
+			c, err := LoadConfig(tc.env)
 			if err == nil {
-				t.Fatalf("loadConfig(%v) = {ListenAddr:%q AdminAddr:%q UpstreamURL:%q ...}, nil; want an error naming %s",
+				t.Fatalf("LoadConfig(%v) = {ListenAddr:%q AdminAddr:%q UpstreamURL:%q ...}, nil; want an error naming %s",
 					tc.env, c.ListenAddr, c.AdminAddr, c.UpstreamURL, tc.wantVar)
 			}
-			var ce *configError
+			var ce *ConfigError
 			if !errors.As(err, &ce) {
-				t.Errorf("loadConfig(%v) error = %v (%T), want a *configError", tc.env, err, err)
+				t.Errorf("LoadConfig(%v) error = %v (%T), want a *ConfigError", tc.env, err, err)
 			}
 			msg := err.Error()
-			if !namesVar(msg, tc.wantVar) {
-				t.Errorf("loadConfig(%v) error = %q, want it to name %s", tc.env, msg, tc.wantVar)
+			if !sidecartest.NamesVar(msg, tc.wantVar) {
+				t.Errorf("LoadConfig(%v) error = %q, want it to name %s", tc.env, msg, tc.wantVar)
 			}
 			if !strings.Contains(msg, strconv.Quote(value)) {
-				t.Errorf("loadConfig(%v) error = %q, want it to quote the bad value %q", tc.env, msg, value)
+				t.Errorf("LoadConfig(%v) error = %q, want it to quote the bad value %q", tc.env, msg, value)
 			}
 			if !strings.Contains(msg, "want") {
-				t.Errorf("loadConfig(%v) error = %q, want it to say what %s accepts", tc.env, msg, tc.wantVar)
+				t.Errorf("LoadConfig(%v) error = %q, want it to say what %s accepts", tc.env, msg, tc.wantVar)
 			}
 		})
 	}
@@ -213,9 +189,9 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"MDPROXY_OTHER_RATE":                "100",
 		"MDPROXY_UNKNOWN_SETTING":           "ignored",
 	}
-	c, err := loadConfig(env)
+	c, err := LoadConfig(env)
 	if err != nil {
-		t.Fatalf("loadConfig(%v) error = %v, want nil", env, err)
+		t.Fatalf("LoadConfig(%v) error = %v, want nil", env, err)
 	}
 	for _, tc := range []struct {
 		name      string
@@ -235,7 +211,7 @@ func TestLoadConfigValidValues(t *testing.T) {
 		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
 	} {
 		if tc.got != tc.want {
-			t.Errorf("loadConfig(valid).%s = %v, want %v", tc.name, tc.got, tc.want)
+			t.Errorf("LoadConfig(valid).%s = %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
 	for route, want := range map[string]limiter.Limit{
@@ -247,15 +223,15 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"version":      {},
 	} {
 		if got := c.Limits[route]; got != want {
-			t.Errorf("loadConfig(valid).Limits[%q] = %+v, want %+v", route, got, want)
+			t.Errorf("LoadConfig(valid).Limits[%q] = %+v, want %+v", route, got, want)
 		}
 	}
 	if !c.Limits["batch_status"].Unlimited() {
-		t.Errorf("loadConfig(MDPROXY_BATCH_STATUS_RATE=0).Limits[batch_status] = %+v, want unlimited", c.Limits["batch_status"])
+		t.Errorf("LoadConfig(MDPROXY_BATCH_STATUS_RATE=0).Limits[batch_status] = %+v, want unlimited", c.Limits["batch_status"])
 	}
 	// Loading must not change the package's defaults.
 	if got := DefaultLimits["file_result"]; got != (limiter.Limit{Rate: 10, Burst: 20}) {
-		t.Errorf("after loadConfig, DefaultLimits[file_result] = %+v, want {Rate:10 Burst:20}", got)
+		t.Errorf("after LoadConfig, DefaultLimits[file_result] = %+v, want {Rate:10 Burst:20}", got)
 	}
 }
 
@@ -269,18 +245,18 @@ func TestLoadConfigEveryRouteVariable(t *testing.T) {
 			routeVar(route, "BURST"):    "3",
 			routeVar(route, "MAX_WAIT"): "250ms",
 		}
-		c, err := loadConfig(env)
+		c, err := LoadConfig(env)
 		if err != nil {
-			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			t.Errorf("LoadConfig(%v) error = %v, want nil", env, err)
 			continue
 		}
 		want := limiter.Limit{Rate: rate, Burst: 3, MaxWait: 250 * time.Millisecond}
 		if got := c.Limits[route]; got != want {
-			t.Errorf("loadConfig(%v).Limits[%q] = %+v, want %+v", env, route, got, want)
+			t.Errorf("LoadConfig(%v).Limits[%q] = %+v, want %+v", env, route, got, want)
 		}
 		for _, other := range proxy.RouteNames() {
 			if other != route && c.Limits[other] != DefaultLimits[other] {
-				t.Errorf("loadConfig(%v).Limits[%q] = %+v, want its default %+v", env, other, c.Limits[other], DefaultLimits[other])
+				t.Errorf("LoadConfig(%v).Limits[%q] = %+v, want its default %+v", env, other, c.Limits[other], DefaultLimits[other])
 			}
 		}
 	}
@@ -299,13 +275,13 @@ func TestLoadConfigTrustedProxies(t *testing.T) {
 		{" , 2001:db8::/32 ,", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}},
 	} {
 		env := map[string]string{"MDPROXY_TRUSTED_PROXIES": tc.value}
-		c, err := loadConfig(env)
+		c, err := LoadConfig(env)
 		if err != nil {
-			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			t.Errorf("LoadConfig(%v) error = %v, want nil", env, err)
 			continue
 		}
 		if !slices.Equal(c.trusted, tc.want) {
-			t.Errorf("loadConfig(%v).trusted = %v, want %v", env, c.trusted, tc.want)
+			t.Errorf("LoadConfig(%v).trusted = %v, want %v", env, c.trusted, tc.want)
 		}
 	}
 }
@@ -314,12 +290,12 @@ func TestLoadConfigTrustedProxies(t *testing.T) {
 // same address with port 0 for both is not the same listener (tests rely on it).
 func TestLoadConfigPortZero(t *testing.T) {
 	env := map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0"}
-	c, err := loadConfig(env)
+	c, err := LoadConfig(env)
 	if err != nil {
-		t.Fatalf("loadConfig(%v) error = %v, want nil", env, err)
+		t.Fatalf("LoadConfig(%v) error = %v, want nil", env, err)
 	}
 	if c.ListenAddr != "127.0.0.1:0" || c.AdminAddr != "127.0.0.1:0" {
-		t.Errorf("loadConfig(%v) = ListenAddr %q, AdminAddr %q; want both 127.0.0.1:0", env, c.ListenAddr, c.AdminAddr)
+		t.Errorf("LoadConfig(%v) = ListenAddr %q, AdminAddr %q; want both 127.0.0.1:0", env, c.ListenAddr, c.AdminAddr)
 	}
 }
 
@@ -337,10 +313,10 @@ func TestUnknownVariables(t *testing.T) {
 
 func TestListenAddressValidated(t *testing.T) {
 	for _, v := range []string{"nope", ":99999", "127.0.0.1", ":-1", "host:port"} {
-		_, err := loadConfig(map[string]string{"MDPROXY_LISTEN_ADDR": v})
-		var ce *configError
+		_, err := LoadConfig(map[string]string{"MDPROXY_LISTEN_ADDR": v})
+		var ce *ConfigError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "MDPROXY_LISTEN_ADDR") {
-			t.Errorf("loadConfig(MDPROXY_LISTEN_ADDR=%q) = %v, want a configError naming it", v, err)
+			t.Errorf("LoadConfig(MDPROXY_LISTEN_ADDR=%q) = %v, want a ConfigError naming it", v, err)
 		}
 	}
 }
@@ -362,29 +338,29 @@ func TestLoadConfigClientKeysMax(t *testing.T) {
 		if tc.value != "" {
 			env[name] = tc.value
 		}
-		c, err := loadConfig(env)
+		c, err := LoadConfig(env)
 		if err != nil {
-			t.Errorf("loadConfig(%v) error = %v, want nil", env, err)
+			t.Errorf("LoadConfig(%v) error = %v, want nil", env, err)
 			continue
 		}
 		if c.ClientKeysMax != tc.want {
-			t.Errorf("loadConfig(%v).ClientKeysMax = %d, want %d", env, c.ClientKeysMax, tc.want)
+			t.Errorf("LoadConfig(%v).ClientKeysMax = %d, want %d", env, c.ClientKeysMax, tc.want)
 		}
 	}
 	for _, v := range []string{"0", "-1", "x", "1.5", "1e5"} {
 		env := map[string]string{name: v}
-		_, err := loadConfig(env)
-		var ce *configError
+		_, err := LoadConfig(env)
+		var ce *ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("loadConfig(%v) error = %v (%T), want a *configError", env, err, err)
+			t.Errorf("LoadConfig(%v) error = %v (%T), want a *ConfigError", env, err, err)
 			continue
 		}
 		msg := err.Error()
-		if !namesVar(msg, name) || !strings.Contains(msg, strconv.Quote(v)) || !strings.Contains(msg, "want") {
-			t.Errorf("loadConfig(%v) error = %q, want it to name %s, quote %q and say what it accepts", env, msg, name, v)
+		if !sidecartest.NamesVar(msg, name) || !strings.Contains(msg, strconv.Quote(v)) || !strings.Contains(msg, "want") {
+			t.Errorf("LoadConfig(%v) error = %q, want it to name %s, quote %q and say what it accepts", env, msg, name, v)
 		}
 		if n, convErr := strconv.Atoi(v); convErr == nil && n <= 0 && !strings.Contains(msg, "1 or more") {
-			t.Errorf("loadConfig(%v) error = %q, want it to give the range (1 or more)", env, msg)
+			t.Errorf("LoadConfig(%v) error = %q, want it to give the range (1 or more)", env, msg)
 		}
 	}
 }

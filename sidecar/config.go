@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"fmt"
@@ -15,10 +15,11 @@ import (
 	"github.com/mdproxy/mdproxy/proxy"
 )
 
-// envPrefix starts every variable mdproxy reads.
-const envPrefix = "MDPROXY_"
+// EnvPrefix starts every variable mdproxy reads.
+const EnvPrefix = "MDPROXY_"
 
-// Config is mdproxy's configuration, read from MDPROXY_* environment variables.
+// Config is mdproxy's configuration, read from MDPROXY_* environment variables by
+// LoadConfig.
 type Config struct {
 	// ListenAddr is the proxy's address, where clients send Core's API. Default :8009.
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8009"`
@@ -84,35 +85,38 @@ var DefaultLimits = map[string]limiter.Limit{
 	"hash_lookup":  {Rate: 10, Burst: 20},
 }
 
-// configError marks a bad setting; main exits 2 on it.
-type configError struct{ err error }
+// ConfigError is a bad setting, returned by LoadConfig and Run before anything
+// listens; mdproxy's main exits 2 on it. Its message names the variable and what it
+// accepts.
+type ConfigError struct{ err error }
 
-func (e *configError) Error() string { return e.err.Error() }
-func (e *configError) Unwrap() error { return e.err }
+func (e *ConfigError) Error() string { return e.err.Error() }
+func (e *ConfigError) Unwrap() error { return e.err }
 
-// loadConfig reads the configuration from environ and validates it. The error, a
-// *configError, names the variable and what it accepts.
-func loadConfig(environ map[string]string) (*Config, error) {
+// LoadConfig reads the configuration from environ (variable name to value, as
+// env.ToMap(os.Environ()) gives; the process environment itself is not read) and
+// validates it. The error, a *ConfigError, names the variable and what it accepts.
+func LoadConfig(environ map[string]string) (*Config, error) {
 	var c Config
-	if err := envconf.Parse(&c, envPrefix, environ); err != nil {
-		return nil, &configError{err}
+	if err := envconf.Parse(&c, EnvPrefix, environ); err != nil {
+		return nil, &ConfigError{err}
 	}
-	limits, err := limiter.ParseLimits(environ, envPrefix, proxy.RouteNames(), DefaultLimits)
+	limits, err := limiter.ParseLimits(environ, EnvPrefix, proxy.RouteNames(), DefaultLimits)
 	if err != nil {
-		return nil, &configError{err}
+		return nil, &ConfigError{err}
 	}
 	c.Limits = limits
 	if err := c.validate(environ); err != nil {
-		return nil, &configError{err}
+		return nil, &ConfigError{err}
 	}
 	return &c, nil
 }
 
 // validate rejects values that parse but make no sense, naming the variable.
 func (c *Config) validate(environ map[string]string) error {
-	bad := func(name, want string) error { return envconf.Invalid(environ, envPrefix, name, want) }
+	bad := func(name, want string) error { return envconf.Invalid(environ, EnvPrefix, name, want) }
 	// An address set empty is a mistake: the checks below must see it empty.
-	envconf.EmptyWhenSet(environ, envPrefix, map[string]*string{
+	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{
 		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -183,11 +187,11 @@ func validListenAddr(a string) bool {
 // read, sorted: most likely misspelt limits, which would otherwise leave a route
 // unprotected without a word.
 func unknownVariables(environ map[string]string) []string {
-	known := envconf.Names[Config](envPrefix)
+	known := envconf.Names[Config](EnvPrefix)
 	for _, route := range proxy.RouteNames() {
 		for _, name := range envconf.Names[limiter.Limit]("") {
-			known = append(known, limiter.VarName(envPrefix, route, name))
+			known = append(known, limiter.VarName(EnvPrefix, route, name))
 		}
 	}
-	return envconf.Unknown(envPrefix, environ, known)
+	return envconf.Unknown(EnvPrefix, environ, known)
 }

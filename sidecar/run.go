@@ -1,0 +1,232 @@
+// Package sidecar builds and runs mdproxy from its settings: the configuration read
+// from MDPROXY_* variables (Config, LoadConfig), the limiter, the metrics registry, the
+// transport to Core with its timeouts, the proxy and admin listeners, and the graceful
+// shutdown (Run). It is the one wiring of mdproxy: cmd/mdproxy is Run behind flags,
+// signals and exit codes, and the benchmark runs it in-process for its Proxy-N cases.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/metrics"
+	"github.com/mdproxy/mdproxy/proxy"
+)
+
+// Run reads mdproxy's settings from environ (variable name to value; the process
+// environment itself is not read), listens, and serves until ctx ends (mdproxy's main
+// ends it on SIGTERM or SIGINT). Then it shuts down gracefully in three phases: the
+// admin /readyz answers 503 at once while the proxy keeps serving for
+// MDPROXY_SHUTDOWN_DELAY, so that load balancers stop sending before anything is
+// refused (a SIGTERM or SIGINT received meanwhile skips the rest of the delay); then
+// the proxy's listener closes and in-flight requests may finish for up to
+// MDPROXY_SHUTDOWN_TIMEOUT; then Run returns. Logs go to logw as JSON lines, at
+// MDPROXY_LOG_LEVEL, one line a phase; logw must be safe for concurrent use if
+// written to elsewhere. When started is not nil it is called, from Run's goroutine,
+// with the proxy's and the admin listener's addresses once both listen.
+//
+// Run returns nil after a clean shutdown; a *ConfigError for a bad setting, before
+// anything listens; an error naming the variable when an address cannot be listened
+// on; an error wrapping context.DeadlineExceeded when in-flight requests were cut at
+// MDPROXY_SHUTDOWN_TIMEOUT; or a server's error. It leaves no goroutine behind. Several
+// Runs may serve in one process (each has its own registry), on distinct addresses.
+func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr)) error {
+	cfg, err := LoadConfig(environ)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: cfg.level}))
+
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	limits, err := limiter.NewSet(cfg.Limits, nil,
+		limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log))
+	if err != nil {
+		return &ConfigError{err}
+	}
+	metrics.RegisterClientKeys(reg, limits)
+	// The timeouts towards Core are set here once: the transport enforces them, the
+	// proxy quotes the same values in its answers (a 504 says how long it waited).
+	topts := proxy.TransportOptions{
+		DialTimeout:           cfg.DialTimeout,
+		ResponseHeaderTimeout: cfg.UpstreamTimeout,
+		BodyIdleTimeout:       cfg.BodyIdleTimeout,
+	}
+	tr := proxy.NewTransport(topts)
+	// Pooled connections to Core end with Run: no goroutine of them outlives it.
+	defer tr.CloseIdleConnections()
+	h, err := proxy.New(proxy.Options{
+		Upstream:        cfg.upstream,
+		Transport:       tr,
+		Limits:          limits,
+		Metrics:         m,
+		LimitStatus:     cfg.LimitStatus,
+		TrustedProxies:  cfg.trusted,
+		UpstreamTimeout: topts.ResponseHeaderTimeout,
+		BodyIdleTimeout: topts.BodyIdleTimeout,
+		Logger:          log,
+	})
+	if err != nil {
+		return err
+	}
+
+	var lc net.ListenConfig
+	pl, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listening on MDPROXY_LISTEN_ADDR: %w", err)
+	}
+	al, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
+	if err != nil {
+		pl.Close()
+		return fmt.Errorf("listening on MDPROXY_ADMIN_ADDR: %w", err)
+	}
+
+	var stopping atomic.Bool
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	srv := newServer(cfg, h, errLog)
+	// The admin listener takes no bodies and answers small pages: a scraper or probe
+	// that stops reading must not hold a connection longer than a body may idle.
+	admin := &http.Server{
+		Handler:           adminHandler(reg, &stopping),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadHeaderTimeout,
+		WriteTimeout:      cfg.BodyIdleTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		ErrorLog:          errLog,
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(pl) }()
+	go func() { errc <- admin.Serve(al) }()
+	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
+		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus)
+	for _, name := range proxy.RouteNames() {
+		if b := limits.Bucket(name); b != nil {
+			l := b.Limit()
+			log.Info("route limited", "route", name, "rate_per_s", l.Rate, "burst", l.Burst,
+				"max_wait", l.MaxWait.String(), "client_limit", l.ClientLimit)
+		}
+	}
+	if unknown := unknownVariables(environ); len(unknown) > 0 {
+		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
+	}
+	if started != nil {
+		started(pl.Addr(), al.Addr())
+	}
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	// Not ready first, and keep serving while load balancers notice (issue 9): closing
+	// the listener at once would refuse the requests they still send.
+	delay := serveErr == nil && cfg.ShutdownDelay > 0
+	var hurry chan os.Signal
+	if delay {
+		// Listened for before /readyz changes, so that no second signal is missed.
+		hurry = make(chan os.Signal, 1)
+		signal.Notify(hurry, shutdownSignals...)
+		defer signal.Stop(hurry)
+	}
+	stopping.Store(true)
+	log.Info("mdproxy shutting down: /readyz answers 503", "delay", cfg.ShutdownDelay.String(),
+		"timeout", cfg.ShutdownTimeout.String())
+	if delay {
+		// Each connection is closed after its response, so clients reconnect, through
+		// load balancers that meanwhile stop choosing this replica.
+		srv.SetKeepAlivesEnabled(false)
+		serveErr = shutdownDelay(cfg.ShutdownDelay, hurry, errc, log)
+	}
+	log.Info("mdproxy draining: closing the listener, in-flight requests finishing",
+		"timeout", cfg.ShutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	shutErr := srv.Shutdown(sctx)
+	if shutErr != nil {
+		srv.Close()
+		shutErr = fmt.Errorf("in-flight requests cut after MDPROXY_SHUTDOWN_TIMEOUT=%v: %w", cfg.ShutdownTimeout, shutErr)
+	}
+	admin.Close()
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	if shutErr != nil {
+		return shutErr
+	}
+	log.Info("mdproxy stopped")
+	return nil
+}
+
+// shutdownSignals are the signals that shut mdproxy down: mdproxy's main ends Run's
+// context on the first; one received during MDPROXY_SHUTDOWN_DELAY skips the rest of
+// the delay.
+var shutdownSignals = []os.Signal{syscall.SIGTERM, os.Interrupt}
+
+// shutdownDelay waits for d (MDPROXY_SHUTDOWN_DELAY) while the proxy keeps serving, and
+// returns nil then. A signal on hurry (a second SIGTERM or SIGINT: an operator or an
+// orchestrator in a hurry) ends the wait early and returns nil: the drain that follows
+// is still bounded by MDPROXY_SHUTDOWN_TIMEOUT, and SIGKILL cuts everything. A server
+// that fails meanwhile (an error on errc) ends it too, and its error is returned.
+func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, log *slog.Logger) error {
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case sig := <-hurry:
+		log.Info("mdproxy shutdown delay cut short by a second signal", "signal", sig.String(),
+			"skipped", (d - time.Since(start)).Round(time.Millisecond).String())
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// newServer returns the proxy's server. It sets no ReadTimeout nor WriteTimeout: they
+// would cut a slow upload of hundreds of MiB or a long sanitized download. Slow clients
+// are bounded by ReadHeaderTimeout and IdleTimeout instead.
+func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		ErrorLog:          errLog,
+	}
+}
+
+// adminHandler serves /metrics from reg, /healthz (200 while the process runs) and
+// /readyz (200 until shutdown starts, then 503 while the proxy still serves for
+// MDPROXY_SHUTDOWN_DELAY, so a load balancer stops sending before the listener closes).
+func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool) http.Handler {
+	r := chi.NewRouter()
+	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	r.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if stopping.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	return r
+}
