@@ -1,4 +1,4 @@
-package main
+package coresim
 
 import (
 	"bytes"
@@ -13,24 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/mdproxy/mdproxy/internal/envconf"
 )
-
-// TestMain fails the package when a test leaves a goroutine behind: a server, the
-// emulator's loop or a callback worker that run did not stop.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 // safety bounds every wait of these tests in real time.
 const safety = 10 * time.Second
 
-// started is what run reports once it listens.
+// started is what Run reports once it listens.
 type started struct{ api, admin net.Addr }
 
-// startRun runs run with environ until the test ends, and returns the addresses it
+// startRun runs Run with environ until the test ends, and returns the addresses it
 // listens on and a function that stops it and returns its error.
 func startRun(t *testing.T, environ map[string]string) (addrs started, stop func() (logs string, err error)) {
 	t.Helper()
@@ -39,7 +31,7 @@ func startRun(t *testing.T, environ map[string]string) (addrs started, stop func
 	up := make(chan started, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, environ, &logbuf, func(api, admin net.Addr) { up <- started{api, admin} })
+		done <- Run(ctx, environ, &logbuf, func(api, admin net.Addr) { up <- started{api, admin} })
 	}()
 	var stopped bool
 	var runErr error
@@ -50,7 +42,7 @@ func startRun(t *testing.T, environ map[string]string) (addrs started, stop func
 			select {
 			case runErr = <-done:
 			case <-time.After(safety):
-				t.Fatalf("run did not return %v after its context ended", safety)
+				t.Fatalf("Run did not return %v after its context ended", safety)
 			}
 		}
 		return logbuf.String(), runErr
@@ -61,9 +53,9 @@ func startRun(t *testing.T, environ map[string]string) (addrs started, stop func
 	case err := <-done:
 		stopped = true
 		cancel()
-		t.Fatalf("run(%v) = %v before listening, want it to serve", environ, err)
+		t.Fatalf("Run(%v) = %v before listening, want it to serve", environ, err)
 	case <-time.After(safety):
-		t.Fatalf("run(%v) did not listen within %v", environ, safety)
+		t.Fatalf("Run(%v) did not listen within %v", environ, safety)
 	}
 	return addrs, stop
 }
@@ -105,7 +97,7 @@ func TestRun(t *testing.T) {
 		"CORESIM_SPEEDUP":     "100",
 	})
 	if addrs.admin == nil {
-		t.Fatalf("run reported no admin address with CORESIM_ADMIN_ADDR=127.0.0.1:0")
+		t.Fatalf("Run reported no admin address with CORESIM_ADMIN_ADDR=127.0.0.1:0")
 	}
 	c := newClient(t)
 	api := "http://" + addrs.api.String()
@@ -165,7 +157,7 @@ func TestRun(t *testing.T) {
 
 	logs, err := stop()
 	if err != nil {
-		t.Errorf("run after its context ended = %v, want nil", err)
+		t.Errorf("Run after its context ended = %v, want nil", err)
 	}
 	var rec struct {
 		Msg, Listen string
@@ -173,10 +165,10 @@ func TestRun(t *testing.T) {
 	}
 	line, _, _ := strings.Cut(logs, "\n")
 	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Msg != "coresim serving" || rec.Listen != addrs.api.String() || rec.Speedup != 100 {
-		t.Errorf("run's first log line = %q, want JSON {msg: coresim serving, listen: %s, speedup: 100}", line, addrs.api)
+		t.Errorf("Run's first log line = %q, want JSON {msg: coresim serving, listen: %s, speedup: 100}", line, addrs.api)
 	}
 	if _, err := net.DialTimeout("tcp", addrs.api.String(), time.Second); err == nil {
-		t.Errorf("the API still accepts connections after run returned")
+		t.Errorf("the API still accepts connections after Run returned")
 	}
 }
 
@@ -191,7 +183,7 @@ func TestRunNoAdmin(t *testing.T) {
 	}
 	logs, err := stop()
 	if err != nil {
-		t.Errorf("run after its context ended = %v, want nil", err)
+		t.Errorf("Run after its context ended = %v, want nil", err)
 	}
 	// A misspelt variable is ignored, with a warning naming it.
 	if !strings.Contains(logs, "unknown variables ignored") || !strings.Contains(logs, "CORESIM_FETCH_WAITT") {
@@ -199,7 +191,7 @@ func TestRunNoAdmin(t *testing.T) {
 	}
 }
 
-// TestRunBadVariable checks that run refuses a bad setting before listening, with an
+// TestRunBadVariable checks that Run refuses a bad setting before listening, with an
 // *envconf.Error naming the variable (main exits 2 on it).
 func TestRunBadVariable(t *testing.T) {
 	for _, tc := range []struct{ name, value string }{
@@ -211,13 +203,13 @@ func TestRunBadVariable(t *testing.T) {
 	} {
 		environ := map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "127.0.0.1:0", tc.name: tc.value}
 		called := false
-		err := run(context.Background(), environ, io.Discard, func(net.Addr, net.Addr) { called = true })
+		err := Run(context.Background(), environ, io.Discard, func(net.Addr, net.Addr) { called = true })
 		var e *envconf.Error
 		if !errors.As(err, &e) || e.Var != tc.name {
-			t.Errorf("run with %s=%q = %v, want an *envconf.Error naming %s", tc.name, tc.value, err, tc.name)
+			t.Errorf("Run with %s=%q = %v, want an *envconf.Error naming %s", tc.name, tc.value, err, tc.name)
 		}
 		if called {
-			t.Errorf("run with %s=%q listened, want it to stop before", tc.name, tc.value)
+			t.Errorf("Run with %s=%q listened, want it to stop before", tc.name, tc.value)
 		}
 	}
 }
@@ -232,9 +224,9 @@ func TestRunAddressInUse(t *testing.T) {
 	defer busy.Close()
 	for _, name := range []string{"CORESIM_LISTEN_ADDR", "CORESIM_ADMIN_ADDR"} {
 		environ := map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "127.0.0.1:0", name: busy.Addr().String()}
-		err := run(context.Background(), environ, io.Discard, nil)
+		err := Run(context.Background(), environ, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), name) || errors.As(err, new(*envconf.Error)) {
-			t.Errorf("run with %s on a busy address = %v, want an error naming %s, not an *envconf.Error", name, err, name)
+			t.Errorf("Run with %s on a busy address = %v, want an error naming %s, not an *envconf.Error", name, err, name)
 		}
 	}
 }
