@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/mdproxy/mdproxy/limiter"
+	"golang.org/x/time/rate"
 )
 
 // Sim is the emulator: Core's API (Handler) over the resource model (Model), a store of
@@ -28,7 +27,7 @@ type Sim struct {
 	sessions map[string]bool
 	done     []*scan // completed, in order, for retention
 
-	fetch *limiter.Bucket // Core's own limit, in virtual time; nil when off
+	fetch *fetchLimit // Core's own limit, in virtual time; nil when off
 
 	m  *simMetrics
 	cb *callbacks
@@ -78,16 +77,37 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	s.model = NewModel(cfg.Cores, s.scanDone)
 	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
-		// The same token bucket as mdproxy's, fed virtual instants (ReserveAt).
-		fetch, err := limiter.NewBucket(limiter.Limit{Rate: cfg.FetchLimit, Burst: cfg.FetchBurst, MaxWait: cfg.FetchWait}, nil)
-		if err != nil {
-			return nil, fmt.Errorf("coresim: Core's limit: %w", err)
-		}
-		s.fetch = fetch
+		s.fetch = &fetchLimit{lim: rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst), wait: cfg.FetchWait}
 	}
 	s.m = newSimMetrics(reg, s)
 	s.cb = newCallbacks(s)
 	return s, nil
+}
+
+// fetchLimit is Core's own limit on fetches: a token bucket of x/time/rate fed virtual
+// instants, where a fetch over the limit may wait for its turn up to wait. It shares no
+// code with mdproxy's limiter, the thing the emulator measures. Safe for concurrent use.
+type fetchLimit struct {
+	mu   sync.Mutex // makes the check and the reservation of ReserveAt one step
+	lim  *rate.Limiter
+	wait time.Duration // FetchWait, virtual
+}
+
+// ReserveAt takes a token for a fetch arriving at the virtual instant now when one is
+// free within the wait, and returns how long the fetch must wait for it (0: at once).
+// Otherwise it takes nothing and returns ok false. A nil limit allows every fetch.
+func (f *fetchLimit) ReserveAt(now time.Time) (delay time.Duration, ok bool) {
+	if f == nil {
+		return 0, true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if missing := 1 - f.lim.TokensAt(now); missing > 0 {
+		if d := time.Duration(missing / float64(f.lim.Limit()) * float64(time.Second)); d > f.wait {
+			return d, false
+		}
+	}
+	return f.lim.ReserveN(now, 1).DelayFrom(now), true
 }
 
 // Model returns the emulator's resource model.
