@@ -4,170 +4,23 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
-	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
-
 	"github.com/mdproxy/mdproxy/limiter"
 )
-
-// fwdWait bounds every wait of these tests for something that must happen: generous,
-// since it is only reached when the behaviour under test is broken (or the machine is
-// very slow, e.g. under -race).
-const fwdWait = 30 * time.Second
-
-// fwdPatternLen is the length of the block fwdPattern repeats: a prime, so that no
-// power-of-two buffer size of the proxy lines up with it, and a lost, repeated or
-// reordered buffer changes the SHA-256 of the stream.
-const fwdPatternLen = 65521
-
-// fwdPattern is fwdPatternLen bytes drawn from a fixed ChaCha8 seed.
-var fwdPattern = func() []byte {
-	b := make([]byte, fwdPatternLen)
-	r := rand.NewChaCha8([32]byte{'m', 'd', 'p', 'r', 'o', 'x', 'y'})
-	_, _ = r.Read(b)
-	return b
-}()
-
-// fwdPatternReader reads fwdPattern over and over, forever; wrap it in io.LimitReader.
-// It never holds more than the pattern in memory, whatever the stream's length.
-type fwdPatternReader struct{ off int }
-
-func (r *fwdPatternReader) Read(p []byte) (int, error) {
-	n := 0
-	for n < len(p) {
-		c := copy(p[n:], fwdPattern[r.off:])
-		n += c
-		r.off = (r.off + c) % fwdPatternLen
-	}
-	return n, nil
-}
-
-// fwdStream returns a deterministic reader of exactly n bytes.
-func fwdStream(n int64) io.Reader { return io.LimitReader(&fwdPatternReader{}, n) }
-
-// fwdClient returns an http.Client with its own transport (not http.DefaultTransport,
-// whose idle connections would outlive the test), closed by t.Cleanup.
-func fwdClient(t testing.TB) *http.Client {
-	t.Helper()
-	tr := &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 4}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 10 * time.Minute}
-}
-
-// fwdUpstreamTransport returns the proxy's transport to Core as NewTransport builds it
-// from o, its idle connections closed by t.Cleanup.
-func fwdUpstreamTransport(t testing.TB, o TransportOptions) *http.Transport {
-	t.Helper()
-	tr := NewTransport(o)
-	t.Cleanup(tr.CloseIdleConnections)
-	return tr
-}
-
-// fwdWaitMetric waits up to fwdWait for the metric to reach want, then fails t with the
-// value it has. The proxy counts a request once its handler has returned, which may be
-// a moment after the client or the upstream saw the end of the exchange.
-func fwdWaitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
-	t.Helper()
-	deadline := time.Now().Add(fwdWait)
-	for {
-		got := metricValue(t, reg, name, labels)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// fwdCheckMetric fails t unless the metric is want now.
-func fwdCheckMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
-	t.Helper()
-	if got := metricValue(t, reg, name, labels); got != want {
-		t.Errorf("%s%v = %v, want %v", name, labels, got, want)
-	}
-}
-
-// fwdCoreError decodes a Core-style error body {"err": "..."} and fails t unless it is
-// one, with a non-empty message, served as JSON.
-func fwdCoreError(t testing.TB, resp *http.Response, body []byte) string {
-	t.Helper()
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-		t.Errorf("Content-Type = %q, want application/json", ct)
-	}
-	var e map[string]any
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("body %q is not JSON: %v", body, err)
-	}
-	msg, ok := e["err"].(string)
-	if !ok || msg == "" || len(e) != 1 {
-		t.Fatalf("body = %s, want {\"err\": \"<message>\"}", body)
-	}
-	return msg
-}
-
-// fwdHeapWatch samples the heap in use every few milliseconds until stop is called,
-// which returns the largest sample minus the baseline taken, after a GC, when
-// fwdHeapWatch was called.
-func fwdHeapWatch() (stop func() (growth int64)) {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	base := int64(ms.HeapInuse)
-	done := make(chan struct{})
-	result := make(chan int64)
-	go func() {
-		var ms runtime.MemStats
-		peak := base
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			runtime.ReadMemStats(&ms)
-			peak = max(peak, int64(ms.HeapInuse))
-			select {
-			case <-done:
-				result <- peak - base
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return func() int64 {
-		close(done)
-		return <-result
-	}
-}
-
-// fwdHash returns the hex SHA-256 of r's bytes and their number.
-func fwdHash(r io.Reader) (string, int64, error) {
-	h := sha256.New()
-	n, err := io.Copy(h, r)
-	return hex.EncodeToString(h.Sum(nil)), n, err
-}
-
-func fwdHex(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
 
 // maxHeapGrowth is the most the heap may grow while a large body streams through the
 // proxy: a few buffers per connection, far below the body.
@@ -192,16 +45,16 @@ func TestForwardLargeUpload(t *testing.T) {
 	got := make(chan seen, 1)
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := seen{contentLength: r.ContentLength, header: r.Header.Get("Content-Length"), te: r.TransferEncoding}
-		s.sum, s.n, s.err = fwdHash(r.Body)
+		s.sum, s.n, s.err = sha256Hex(r.Body)
 		got <- s
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"data_id":"61dffeaa728844adbf49eb090e4ece0e"}`)
 	})
 	base, reg := newTestProxy(t, upstream, nil)
-	client := fwdClient(t)
+	client := newClient(t)
 
 	clientHash := sha256.New()
-	req, err := http.NewRequest(http.MethodPost, base+"/file", io.TeeReader(fwdStream(size), clientHash))
+	req, err := http.NewRequest(http.MethodPost, base+"/file", io.TeeReader(bodyStream(size), clientHash))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +63,7 @@ func TestForwardLargeUpload(t *testing.T) {
 	req.Header.Set("filename", "big.bin")
 
 	start := time.Now()
-	stop := fwdHeapWatch()
+	stop := heapWatch()
 	resp, err := client.Do(req)
 	if err != nil {
 		stop()
@@ -230,7 +83,7 @@ func TestForwardLargeUpload(t *testing.T) {
 	var s seen
 	select {
 	case s = <-got:
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Fatal("upstream never reported the upload")
 	}
 	if s.err != nil {
@@ -240,14 +93,14 @@ func TestForwardLargeUpload(t *testing.T) {
 		t.Errorf("upstream saw ContentLength %d, Content-Length %q, TransferEncoding %q; want %d, %q, none",
 			s.contentLength, s.header, s.te, size, fmt.Sprint(size))
 	}
-	if want := fwdHex(clientHash); s.n != size || s.sum != want {
+	if want := hexSum(clientHash); s.n != size || s.sum != want {
 		t.Errorf("upstream received %d bytes, SHA-256 %s; want %d bytes, SHA-256 %s", s.n, s.sum, size, want)
 	}
 	if growth > maxHeapGrowth {
 		t.Errorf("heap grew by %d MiB during a 1 GiB upload, want under %d MiB: the body is buffered", growth>>20, maxHeapGrowth>>20)
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "200"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, size)
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "200"}, 1)
+	checkMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, size)
 }
 
 // TestForwardLargeDownload streams a 256 MiB sanitized file from Core and checks that
@@ -264,20 +117,20 @@ func TestForwardLargeDownload(t *testing.T) {
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", fmt.Sprint(size))
-		_, _ = io.Copy(w, fwdStream(size))
+		_, _ = io.Copy(w, bodyStream(size))
 	})
 	base, reg := newTestProxy(t, upstream, nil)
-	client := fwdClient(t)
-	want, _, _ := fwdHash(fwdStream(size))
+	client := newClient(t)
+	want, _, _ := sha256Hex(bodyStream(size))
 
 	start := time.Now()
-	stop := fwdHeapWatch()
+	stop := heapWatch()
 	resp, err := client.Get(base + "/file/converted/d41d8cd98f00b204")
 	if err != nil {
 		stop()
 		t.Fatalf("GET /file/converted/{id}: %v", err)
 	}
-	sum, n, err := fwdHash(resp.Body)
+	sum, n, err := sha256Hex(resp.Body)
 	resp.Body.Close()
 	growth := stop()
 	t.Logf("256 MiB download through the proxy: %v, heap growth %.1f MiB", time.Since(start).Round(time.Millisecond), float64(growth)/(1<<20))
@@ -296,13 +149,9 @@ func TestForwardLargeDownload(t *testing.T) {
 	if growth > maxHeapGrowth {
 		t.Errorf("heap grew by %d MiB during a 256 MiB download, want under %d MiB: the body is buffered", growth>>20, maxHeapGrowth>>20)
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "sanitized_download", "code": "200"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_response_body_bytes_total", map[string]string{"route": "sanitized_download"}, size)
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "sanitized_download", "code": "200"}, 1)
+	checkMetric(t, reg, "mdproxy_response_body_bytes_total", map[string]string{"route": "sanitized_download"}, size)
 }
-
-// fwdUnknownLength hides the length of its reader, so that net/http's client sends it
-// chunked.
-type fwdUnknownLength struct{ io.Reader }
 
 // TestForwardChunkedUploadRefused checks that POST /file without Content-Length gets
 // Core's 411 from the proxy itself, before a byte of its body goes anywhere: Core does
@@ -315,11 +164,11 @@ func TestForwardChunkedUploadRefused(t *testing.T) {
 		_, _ = io.WriteString(w, `{"data_id":"x"}`)
 	})
 	base, reg := newTestProxy(t, upstream, nil)
-	client := fwdClient(t)
+	client := newClient(t)
 
 	t.Run("chunked", func(t *testing.T) {
 		var read atomic.Int64
-		body := fwdUnknownLength{io.TeeReader(fwdStream(4096), fwdCountWriter{&read})}
+		body := unknownLength{io.TeeReader(bodyStream(4096), countWriter{&read})}
 		req, err := http.NewRequest(http.MethodPost, base+"/file", body)
 		if err != nil {
 			t.Fatal(err)
@@ -337,7 +186,7 @@ func TestForwardChunkedUploadRefused(t *testing.T) {
 		if resp.StatusCode != http.StatusLengthRequired {
 			t.Fatalf("POST /file chunked = %d %q, want 411", resp.StatusCode, b)
 		}
-		fwdCoreError(t, resp, b)
+		coreError(t, resp, b)
 	})
 
 	// The raw variants write the request head only: the body never follows, since the
@@ -352,44 +201,23 @@ func TestForwardChunkedUploadRefused(t *testing.T) {
 			if resp.StatusCode != http.StatusLengthRequired {
 				t.Fatalf("%q = %d %q, want 411 (and no 100 Continue before it)", tc.head, resp.StatusCode, body)
 			}
-			fwdCoreError(t, resp, []byte(body))
+			coreError(t, resp, []byte(body))
 		})
 	}
 
 	if n := calls.Load(); n != 0 {
 		t.Errorf("upstream called %d times, want 0: a refused upload must not be forwarded", n)
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "411"}, 4)
-	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, 0)
-}
-
-type fwdCountWriter struct{ n *atomic.Int64 }
-
-func (w fwdCountWriter) Write(p []byte) (int, error) {
-	w.n.Add(int64(len(p)))
-	return len(p), nil
-}
-
-// fwdClosedAddr returns the URL of a loopback port where nothing listens any more.
-func fwdClosedAddr(t testing.TB) *url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return &url.URL{Scheme: "http", Host: addr}
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "411"}, 4)
+	checkMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, 0)
 }
 
 // TestForwardUpstreamDown checks that a request to a Core that refuses connections gets
 // 502 with a Core-style body, counted as a refused upstream error.
 func TestForwardUpstreamDown(t *testing.T) {
-	down := fwdClosedAddr(t)
+	down := closedAddr(t)
 	base, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) { o.Upstream = down })
-	client := fwdClient(t)
+	client := newClient(t)
 
 	for _, tc := range []struct {
 		route, method, path string
@@ -415,10 +243,10 @@ func TestForwardUpstreamDown(t *testing.T) {
 			if resp.StatusCode != http.StatusBadGateway {
 				t.Fatalf("%s %s with Core down = %d %q, want 502", tc.method, tc.path, resp.StatusCode, b)
 			}
-			fwdCoreError(t, resp, b)
-			fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": "502"}, 1)
-			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route, "kind": "refused"}, 1)
-			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route}, 1)
+			coreError(t, resp, b)
+			mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": "502"}, 1)
+			checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route, "kind": "refused"}, 1)
+			checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": tc.route}, 1)
 		})
 	}
 }
@@ -440,11 +268,11 @@ func TestForwardUpstreamSilent(t *testing.T) {
 		}
 	})
 	base, reg := newTestProxy(t, upstream, func(o *Options) {
-		o.Transport = fwdUpstreamTransport(t, TransportOptions{ResponseHeaderTimeout: 300 * time.Millisecond})
+		o.Transport = upstreamTransport(t, TransportOptions{ResponseHeaderTimeout: 300 * time.Millisecond})
 		o.UpstreamTimeout = 300 * time.Millisecond
 	})
 	t.Cleanup(func() { close(release) }) // runs before the upstream server's Close
-	client := fwdClient(t)
+	client := newClient(t)
 
 	resp, err := client.Get(base + "/file/61dffeaa728844adbf49eb090e4ece0e")
 	if err != nil {
@@ -458,20 +286,20 @@ func TestForwardUpstreamSilent(t *testing.T) {
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("GET /file/{id} with Core silent = %d %q, want 504", resp.StatusCode, b)
 	}
-	fwdCoreError(t, resp, b)
+	coreError(t, resp, b)
 	select {
 	case <-entered:
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Fatal("upstream never received the request")
 	}
 	select {
 	case <-abandoned:
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Error("upstream request context not cancelled after the 504: the proxy kept the connection to Core")
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "504"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "timeout"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "504"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "timeout"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
 }
 
 // TestForwardSlowUploadNotTimedOut checks that ResponseHeaderTimeout does not cut an
@@ -480,7 +308,7 @@ func TestForwardSlowUploadNotTimedOut(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	got := make(chan string, 1)
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sum, _, err := fwdHash(r.Body)
+		sum, _, err := sha256Hex(r.Body)
 		if err != nil {
 			sum = err.Error()
 		}
@@ -488,15 +316,15 @@ func TestForwardSlowUploadNotTimedOut(t *testing.T) {
 		_, _ = io.WriteString(w, `{"data_id":"slow"}`)
 	})
 	base, _ := newTestProxy(t, upstream, func(o *Options) {
-		o.Transport = fwdUpstreamTransport(t, TransportOptions{ResponseHeaderTimeout: timeout})
+		o.Transport = upstreamTransport(t, TransportOptions{ResponseHeaderTimeout: timeout})
 	})
-	client := fwdClient(t)
+	client := newClient(t)
 
 	const size = 1 << 20
-	want, _, _ := fwdHash(fwdStream(size))
+	want, _, _ := sha256Hex(bodyStream(size))
 	pr, pw := io.Pipe()
 	go func() {
-		src := fwdStream(size)
+		src := bodyStream(size)
 		if _, err := io.CopyN(pw, src, size/2); err != nil {
 			pw.CloseWithError(err)
 			return
@@ -562,7 +390,7 @@ func TestForwardCoreErrorsPassThrough(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			})
 			base, reg := newTestProxy(t, upstream, nil)
-			client := fwdClient(t)
+			client := newClient(t)
 			var body io.Reader
 			if tc.method == http.MethodPost {
 				body = strings.NewReader("file content")
@@ -594,26 +422,18 @@ func TestForwardCoreErrorsPassThrough(t *testing.T) {
 			if got := resp.Header.Get("Content-Length"); got != fmt.Sprint(len(tc.body)) {
 				t.Errorf("Content-Length = %q, want %d", got, len(tc.body))
 			}
-			fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": fmt.Sprint(tc.status)}, 1)
-			fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", nil, 0)
-			fwdCheckMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": tc.route, "decision": "allowed"}, 1)
+			mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": tc.route, "code": fmt.Sprint(tc.status)}, 1)
+			checkMetric(t, reg, "mdproxy_upstream_errors_total", nil, 0)
+			checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": tc.route, "decision": "allowed"}, 1)
 		})
 	}
-}
-
-// fwdNoLeak registers, first, a cleanup that fails t if a goroutine started during the
-// test outlives it. Registered before the servers, it runs after they are closed.
-func fwdNoLeak(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 }
 
 // TestForwardClientGoneWhileWaiting checks a poll whose client goes away while Core
 // has not answered: the proxy cancels its request to Core, counts 499 and a canceled
 // upstream error (not a 502), and leaves no goroutine behind.
 func TestForwardClientGoneWhileWaiting(t *testing.T) {
-	fwdNoLeak(t)
+	noLeak(t)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	canceled := make(chan struct{}, 1)
@@ -627,7 +447,7 @@ func TestForwardClientGoneWhileWaiting(t *testing.T) {
 	})
 	base, reg := newTestProxy(t, upstream, nil)
 	t.Cleanup(func() { close(release) })
-	client := fwdClient(t)
+	client := newClient(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -646,7 +466,7 @@ func TestForwardClientGoneWhileWaiting(t *testing.T) {
 	}()
 	select {
 	case <-entered:
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Fatal("the poll never reached the upstream")
 	}
 	cancel()
@@ -655,21 +475,21 @@ func TestForwardClientGoneWhileWaiting(t *testing.T) {
 	}
 	select {
 	case <-canceled:
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Fatal("upstream request context not cancelled after the client went away")
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "499"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "canceled"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "file_result"}, 0)
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "499"}, 1)
+	checkMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "canceled"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
+	checkMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "file_result"}, 0)
 }
 
 // TestForwardClientGoneMidUpload checks an upload whose client sends half of its
 // declared Content-Length and hangs up: Core sees its body end early, the proxy counts
 // 499 and a canceled upstream error, and leaves no goroutine behind.
 func TestForwardClientGoneMidUpload(t *testing.T) {
-	fwdNoLeak(t)
+	noLeak(t)
 	const declared, sent = 1 << 20, 1 << 19
 	type seen struct {
 		n   int64
@@ -690,12 +510,12 @@ func TestForwardClientGoneMidUpload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = conn.SetDeadline(time.Now().Add(fwdWait))
+	_ = conn.SetDeadline(time.Now().Add(longWait))
 	head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", u.Host, declared)
 	if _, err := io.WriteString(conn, head); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.Copy(conn, fwdStream(sent)); err != nil {
+	if _, err := io.Copy(conn, bodyStream(sent)); err != nil {
 		t.Fatalf("sending half the body: %v", err)
 	}
 	if err := conn.Close(); err != nil {
@@ -707,15 +527,15 @@ func TestForwardClientGoneMidUpload(t *testing.T) {
 		if s.err == nil || s.n >= declared {
 			t.Errorf("upstream read %d bytes, error %v; want fewer than %d and an error", s.n, s.err, declared)
 		}
-	case <-time.After(fwdWait):
+	case <-time.After(longWait):
 		t.Fatal("upstream never saw the end of the broken upload")
 	}
-	fwdWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "499"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit", "kind": "canceled"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit"}, 1)
-	fwdCheckMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, sent)
-	fwdCheckMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "submit"}, 0)
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit", "code": "499"}, 1)
+	checkMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "submit"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit", "kind": "canceled"}, 1)
+	checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit"}, 1)
+	checkMetric(t, reg, "mdproxy_request_body_bytes_total", map[string]string{"route": "submit"}, sent)
+	checkMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "submit"}, 0)
 }
 
 // TestForwardHeaders checks that hop-by-hop headers stop at the proxy both ways
@@ -752,7 +572,7 @@ func TestForwardHeaders(t *testing.T) {
 		_, _ = io.WriteString(w, `{"data_id":"h"}`)
 	})
 	base, _ := newTestProxy(t, upstream, nil)
-	client := fwdClient(t)
+	client := newClient(t)
 
 	const payload = "file content"
 	req, err := http.NewRequest(http.MethodPost, base+"/file", strings.NewReader(payload))
@@ -831,7 +651,7 @@ func TestForwardQueryString(t *testing.T) {
 		_, _ = io.WriteString(w, "{}")
 	})
 	base, _ := newTestProxy(t, upstream, nil)
-	client := fwdClient(t)
+	client := newClient(t)
 
 	for _, tc := range []struct{ method, path, query string }{
 		{http.MethodGet, "/file/abc123", "a=1&b=2"},
@@ -868,7 +688,7 @@ func TestForwardQueryString(t *testing.T) {
 				if q != tc.query {
 					t.Errorf("upstream query = %q, want %q", q, tc.query)
 				}
-			case <-time.After(fwdWait):
+			case <-time.After(longWait):
 				t.Fatal("upstream not reached")
 			}
 		})
@@ -951,24 +771,6 @@ func TestUpstreamErrorLogSampled(t *testing.T) {
 	if max := 1 + int(time.Since(start)/time.Second); lines < 1 || lines > max {
 		t.Errorf("%d upstream error log lines for 50 errors in %v, want 1 to %d", lines, time.Since(start), max)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestUpstreamResponsesCounted checks that Core's own answers are counted by code apart

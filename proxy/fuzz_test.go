@@ -1,20 +1,11 @@
 package proxy
 
 import (
-	"bufio"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
-	"github.com/mdproxy/mdproxy/metrics"
 )
 
 // fuzzMethods are the methods FuzzCanonicalPath sends, picked by a byte of its input.
@@ -145,18 +136,6 @@ func checkCanonical(t *testing.T, target, c string) {
 	}
 }
 
-// readTarget returns the request that net/http's server reads from the request line
-// "method target HTTP/1.1" (url.ParseRequestURI on the target), or nil when it refuses
-// the line.
-func readTarget(method, target string) *http.Request {
-	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(method + " " + target + " HTTP/1.1\r\nHost: mdproxy.test\r\n\r\n")))
-	if err != nil || r.RequestURI != target {
-		return nil
-	}
-	r.RemoteAddr = "192.0.2.1:1234"
-	return r
-}
-
 // rawPath returns the path of target as the client wrote it, before decoding: for an
 // origin-form target ("/a%2Fb?q") its part before "?"; otherwise the escaped path that
 // url.ParseRequestURI kept (RawPath, set when the spelling is not the default one).
@@ -181,85 +160,6 @@ func upperASCII(s string) string {
 	}
 	return string(b)
 }
-
-// routeProbe is the proxy built by New in front of an upstream that answers 200 in
-// memory, served in process: serve tells the route a request was counted under. Not
-// newTestProxy: a fuzzer sends thousands of requests a second, which over loopback
-// would spend its time in sockets and run out of ports in TIME_WAIT.
-type routeProbe struct {
-	p         *Proxy
-	m         *metrics.Metrics
-	forwarded atomic.Int64
-}
-
-func newRouteProbe(t testing.TB) *routeProbe {
-	t.Helper()
-	h := &routeProbe{m: metrics.New(prometheus.NewRegistry())}
-	up, err := url.Parse("http://core.test:8008")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.p, err = New(Options{Upstream: up, Metrics: h.m, Transport: inMemoryUpstream(func(r *http.Request) (*http.Response, error) {
-		h.forwarded.Add(1)
-		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), ContentLength: 2, Request: r}, nil
-	})})
-	if err != nil {
-		t.Fatalf("New() = %v, want no error", err)
-	}
-	return h
-}
-
-// serve serves r and returns the route it was counted under, the status, and whether
-// it reached the upstream. It fails t unless exactly one request was counted.
-func (h *routeProbe) serve(t *testing.T, r *http.Request) (route string, code int, forwarded bool) {
-	t.Helper()
-	before := h.counts(t)
-	n := h.forwarded.Load()
-	w := httptest.NewRecorder()
-	h.p.ServeHTTP(w, r)
-	after := h.counts(t)
-	for name, c := range after {
-		if c != before[name] {
-			if route != "" {
-				t.Fatalf("%s %s counted under %q and %q, want one route", r.Method, r.RequestURI, route, name)
-			}
-			route = name
-		}
-	}
-	if route == "" {
-		t.Fatalf("%s %s counted under no route, want one", r.Method, r.RequestURI)
-	}
-	return route, w.Code, h.forwarded.Load() != n
-}
-
-// counts returns mdproxy_requests_total summed by route. It collects that counter
-// only: a Gather of the whole registry would take most of the fuzzing time.
-func (h *routeProbe) counts(t *testing.T) map[string]float64 {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 64)
-	go func() {
-		h.m.Requests.Collect(ch)
-		close(ch)
-	}()
-	out := map[string]float64{}
-	for m := range ch {
-		var pb dto.Metric
-		if err := m.Write(&pb); err != nil {
-			t.Fatalf("writing %v: %v", m.Desc(), err)
-		}
-		for _, lp := range pb.GetLabel() {
-			if lp.GetName() == "route" {
-				out[lp.GetValue()] += pb.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
-}
-
-// inMemoryUpstream is a Transport that answers without a connection.
-type inMemoryUpstream func(*http.Request) (*http.Response, error)
-
-func (f inMemoryUpstream) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // fuzzTrusted are the trusted proxy sets FuzzClientAddr picks from by a byte of its
 // input.

@@ -2,18 +2,33 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"hash"
+	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
+	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
@@ -50,42 +65,243 @@ func newTestProxy(t testing.TB, upstream http.Handler, opts func(*Options)) (pro
 	return front.URL, reg
 }
 
-// metricValue returns the value of the counter or gauge name (e.g.
-// "mdproxy_requests_total") whose labels include every pair of labels, summed over the
-// series that match; 0 when none does. It reads reg.Gather and fails t on its error.
-func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+// routeProbe is the proxy built by New in front of an upstream that answers 200 in
+// memory, served in process: serve tells the route a request was counted under. Not
+// newTestProxy: a fuzzer sends thousands of requests a second, which over loopback
+// would spend its time in sockets and run out of ports in TIME_WAIT.
+type routeProbe struct {
+	p         *Proxy
+	m         *metrics.Metrics
+	forwarded atomic.Int64
+}
+
+func newRouteProbe(t testing.TB) *routeProbe {
 	t.Helper()
-	mfs, err := reg.Gather()
+	h := &routeProbe{m: metrics.New(prometheus.NewRegistry())}
+	up, err := url.Parse("http://core.test:8008")
 	if err != nil {
-		t.Fatalf("Gather() = %v, want no error", err)
+		t.Fatal(err)
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
+	h.p, err = New(Options{Upstream: up, Metrics: h.m, Transport: inMemoryUpstream(func(r *http.Request) (*http.Response, error) {
+		h.forwarded.Add(1)
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), ContentLength: 2, Request: r}, nil
+	})})
+	if err != nil {
+		t.Fatalf("New() = %v, want no error", err)
+	}
+	return h
+}
+
+// serve serves r and returns the route it was counted under, the status, and whether
+// it reached the upstream. It fails t unless exactly one request was counted.
+func (h *routeProbe) serve(t *testing.T, r *http.Request) (route string, code int, forwarded bool) {
+	t.Helper()
+	before := h.counts(t)
+	n := h.forwarded.Load()
+	w := httptest.NewRecorder()
+	h.p.ServeHTTP(w, r)
+	after := h.counts(t)
+	for name, c := range after {
+		if c != before[name] {
+			if route != "" {
+				t.Fatalf("%s %s counted under %q and %q, want one route", r.Method, r.RequestURI, route, name)
+			}
+			route = name
 		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			case m.GetUntyped() != nil:
-				sum += m.GetUntyped().GetValue()
+	}
+	if route == "" {
+		t.Fatalf("%s %s counted under no route, want one", r.Method, r.RequestURI)
+	}
+	return route, w.Code, h.forwarded.Load() != n
+}
+
+// counts returns mdproxy_requests_total summed by route. It collects that counter
+// only: a Gather of the whole registry would take most of the fuzzing time.
+func (h *routeProbe) counts(t *testing.T) map[string]float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		h.m.Requests.Collect(ch)
+		close(ch)
+	}()
+	out := map[string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatalf("writing %v: %v", m.Desc(), err)
+		}
+		for _, lp := range pb.GetLabel() {
+			if lp.GetName() == "route" {
+				out[lp.GetValue()] += pb.GetCounter().GetValue()
 			}
 		}
 	}
-	return sum
+	return out
+}
+
+// inMemoryUpstream is a Transport that answers without a connection.
+type inMemoryUpstream func(*http.Request) (*http.Response, error)
+
+func (f inMemoryUpstream) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// benchHandler returns the whole proxy handler in front of a tiny loopback upstream
+// that answers 200 "{}", with limits (nil: unlimited). Servers close with b.Cleanup.
+func benchHandler(b *testing.B, limits map[string]limiter.Limit) http.Handler {
+	b.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "{}")
+	}))
+	b.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	tr := NewTransport(TransportOptions{})
+	b.Cleanup(tr.CloseIdleConnections)
+	set, err := limiter.NewSet(limits, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Options{Upstream: u, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr, Limits: set})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// rejectHandler is the proxy with file_result's bucket empty for good: every poll is
+// rejected.
+func rejectHandler(b *testing.B) (http.Handler, *http.Request) {
+	h := benchHandler(b, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}})
+	req := httptest.NewRequest(http.MethodGet, "/file/61dffeaa728844adbf49eb090e4ece0e", nil)
+	h.ServeHTTP(httptest.NewRecorder(), req) // takes the only token
+	return h, req
+}
+
+// countingUpstream answers 200 "ok" and counts the requests it receives.
+type countingUpstream struct{ n atomic.Int64 }
+
+func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.n.Add(1)
+	_, _ = io.WriteString(w, "ok")
+}
+
+// recordingUpstream is an upstream that answers 200 "ok" and records the method and
+// request target (as sent on the wire) of every request it receives.
+type recordingUpstream struct {
+	mu   sync.Mutex
+	seen []string // "METHOD request-target"
+}
+
+func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen = append(u.seen, r.Method+" "+r.RequestURI)
+	u.mu.Unlock()
+	_, _ = io.WriteString(w, "ok")
+}
+
+func (u *recordingUpstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+func (u *recordingUpstream) count() int { return len(u.requests()) }
+
+// upstreamTransport returns the proxy's transport to Core as NewTransport builds it
+// from o, its idle connections closed by t.Cleanup.
+func upstreamTransport(t testing.TB, o TransportOptions) *http.Transport {
+	t.Helper()
+	tr := NewTransport(o)
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// closedAddr returns the URL of a loopback port where nothing listens any more.
+func closedAddr(t testing.TB) *url.URL {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &url.URL{Scheme: "http", Host: addr}
+}
+
+// fakeClock is a settable clock for limiter.NewSet.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// limitSet builds a limiter.Set for limits on clock now (nil: time.Now), failing t on
+// an error.
+func limitSet(t testing.TB, limits map[string]limiter.Limit, now func() time.Time) *limiter.Set {
+	t.Helper()
+	s, err := limiter.NewSet(limits, now)
+	if err != nil {
+		t.Fatalf("limiter.NewSet(%v) = %v", limits, err)
+	}
+	return s
+}
+
+// newClient returns an http.Client with its own transport (not http.DefaultTransport,
+// whose idle connections would outlive the test), closed by t.Cleanup.
+func newClient(t testing.TB) *http.Client {
+	t.Helper()
+	tr := &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 4}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Minute}
+}
+
+// keepAliveClient returns a client that keeps up to conns connections to one host,
+// closed by t.Cleanup.
+func keepAliveClient(t testing.TB, conns int) *http.Client {
+	tr := &http.Transport{MaxIdleConns: conns, MaxIdleConnsPerHost: conns}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+// do sends method to url with header through client (nil: http.DefaultClient) and
+// returns the response, its body read and closed.
+func do(t testing.TB, client *http.Client, method, url string, header http.Header) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatalf("NewRequest(%q, %q): %v", method, url, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, url, err)
+	}
+	return resp, string(b)
 }
 
 // rawRequest sends head (a request line and headers, each line ending in "\r\n",
@@ -127,6 +343,237 @@ func rawRequest(t testing.TB, proxyURL, head string) (*http.Response, string) {
 	return resp, b.String()
 }
 
+// readTarget returns the request that net/http's server reads from the request line
+// "method target HTTP/1.1" (url.ParseRequestURI on the target), or nil when it refuses
+// the line.
+func readTarget(method, target string) *http.Request {
+	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(method + " " + target + " HTTP/1.1\r\nHost: mdproxy.test\r\n\r\n")))
+	if err != nil || r.RequestURI != target {
+		return nil
+	}
+	r.RemoteAddr = "192.0.2.1:1234"
+	return r
+}
+
+// coreError decodes a Core-style error body {"err": "..."} and fails t unless it is
+// one, with a non-empty message, served as JSON.
+func coreError(t testing.TB, resp *http.Response, body []byte) string {
+	t.Helper()
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var e map[string]any
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("body %q is not JSON: %v", body, err)
+	}
+	msg, ok := e["err"].(string)
+	if !ok || msg == "" || len(e) != 1 {
+		t.Fatalf("body = %s, want {\"err\": \"<message>\"}", body)
+	}
+	return msg
+}
+
+// patternParam matches a chi URL parameter of a pattern, e.g. {data_id}.
+var patternParam = regexp.MustCompile(`\{[^}]+\}`)
+
+// samplePath turns a route pattern into a path it matches.
+func samplePath(pattern string) string {
+	p := patternParam.ReplaceAllString(pattern, "abc123")
+	return strings.ReplaceAll(p, "*", "sub/x")
+}
+
+// pathVariants are spellings of /file/x that Core resolves to the same data_id: each
+// must land in file_result's bucket.
+var pathVariants = []string{
+	"//file/x", "/file//x", "/file/./x", "/file/x/", "/FILE/X", "/File/x",
+	"/file/%78", "/file/batch/../x", "/file/x/.", "/file/%2e/x", "/./file/x",
+	"/file/x/..//x", "/%66ile/x",
+}
+
+// randomID returns 32 random hex digits, like a Core data_id.
+func randomID(t testing.TB) string {
+	var b [16]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// bodyBlockLen is the length of the block bodyBlock repeats: a prime, so that no
+// power-of-two buffer size of the proxy lines up with it, and a lost, repeated or
+// reordered buffer changes the SHA-256 of the stream.
+const bodyBlockLen = 65521
+
+// bodyBlock is bodyBlockLen bytes drawn from a fixed ChaCha8 seed.
+var bodyBlock = func() []byte {
+	b := make([]byte, bodyBlockLen)
+	r := rand.NewChaCha8([32]byte{'m', 'd', 'p', 'r', 'o', 'x', 'y'})
+	_, _ = r.Read(b)
+	return b
+}()
+
+// bodyBlockReader reads bodyBlock over and over, forever; wrap it in io.LimitReader.
+// It never holds more than the block in memory, whatever the stream's length.
+type bodyBlockReader struct{ off int }
+
+func (r *bodyBlockReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], bodyBlock[r.off:])
+		n += c
+		r.off = (r.off + c) % bodyBlockLen
+	}
+	return n, nil
+}
+
+// bodyStream returns a deterministic reader of exactly n bytes.
+func bodyStream(n int64) io.Reader { return io.LimitReader(&bodyBlockReader{}, n) }
+
+// unknownLength hides the length of its reader, so that net/http's client sends it
+// chunked.
+type unknownLength struct{ io.Reader }
+
+// countWriter counts the bytes written to it in n, and drops them.
+type countWriter struct{ n *atomic.Int64 }
+
+func (w countWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// sha256Hex returns the hex SHA-256 of r's bytes and their number.
+func sha256Hex(r io.Reader) (string, int64, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	return hex.EncodeToString(h.Sum(nil)), n, err
+}
+
+// hexSum returns h's sum in hex.
+func hexSum(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
+
+// heapWatch samples the heap in use every few milliseconds until stop is called,
+// which returns the largest sample minus the baseline taken, after a GC, when
+// heapWatch was called.
+func heapWatch() (stop func() (growth int64)) {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	base := int64(ms.HeapInuse)
+	done := make(chan struct{})
+	result := make(chan int64)
+	go func() {
+		var ms runtime.MemStats
+		peak := base
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, int64(ms.HeapInuse))
+			select {
+			case <-done:
+				result <- peak - base
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-result
+	}
+}
+
+// longWait bounds a test's wait for something that must happen: generous, since it is
+// only reached when the behaviour under test is broken (or the machine is very slow,
+// e.g. under -race).
+const longWait = 30 * time.Second
+
+// noLeak registers, first, a cleanup that fails t if a goroutine started during the
+// test outlives it. Registered before the servers, it runs after they are closed.
+func noLeak(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// containsAny reports whether s contains one of subs (only for long enough s).
+func containsAny(s string, subs []string) bool {
+	if len(s) < 32 {
+		return false
+	}
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// setOf returns the set of vs.
+func setOf(vs ...string) map[string]bool {
+	m := make(map[string]bool, len(vs))
+	for _, v := range vs {
+		m[v] = true
+	}
+	return m
+}
+
+// metricValue returns the value of the counter or gauge name (e.g.
+// "mdproxy_requests_total") whose labels include every pair of labels, summed over the
+// series that match; 0 when none does. It reads reg.Gather and fails t on its error.
+func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("Gather() = %v, want no error", err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue series
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			case m.GetUntyped() != nil:
+				sum += m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 // waitMetric waits until metricValue(t, reg, name, labels) equals want, for at most 5
 // seconds, then fails t with the last value. A forwarded request is counted when its
 // handler returns, which may be just after the client has read the whole answer (the
@@ -145,6 +592,48 @@ func waitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[s
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// mustWaitMetric waits up to longWait for metricValue(t, reg, name, labels) to reach
+// want, then fails t at once with the value it has. The proxy counts a request once its
+// handler has returned, which may be a moment after the client or the upstream saw the
+// end of the exchange.
+func mustWaitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(longWait)
+	for {
+		got := metricValue(t, reg, name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// checkMetric fails t unless metricValue(t, reg, name, labels) is want now.
+func checkMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	if got := metricValue(t, reg, name, labels); got != want {
+		t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+	}
+}
+
+// seriesCount is the number of series of family name in reg.
+func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
 }
 
 // formatLabels writes labels as Prometheus does, {k="v",...}, sorted by name.

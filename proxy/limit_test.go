@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,64 +22,6 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
-
-// fakeClock is a settable clock for limiter.NewSet.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// countingUpstream answers 200 "ok" and counts the requests it receives.
-type countingUpstream struct{ n atomic.Int64 }
-
-func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	u.n.Add(1)
-	_, _ = io.WriteString(w, "ok")
-}
-
-// limitSet builds a limiter.Set for limits on clock now (nil: time.Now), failing t on
-// an error.
-func limitSet(t testing.TB, limits map[string]limiter.Limit, now func() time.Time) *limiter.Set {
-	t.Helper()
-	s, err := limiter.NewSet(limits, now)
-	if err != nil {
-		t.Fatalf("limiter.NewSet(%v) = %v", limits, err)
-	}
-	return s
-}
-
-// keepAliveClient returns a client that keeps up to conns connections to one host,
-// closed by t.Cleanup.
-func keepAliveClient(t testing.TB, conns int) *http.Client {
-	tr := &http.Transport{MaxIdleConns: conns, MaxIdleConnsPerHost: conns}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}
-}
-
-// randomID returns 32 random hex digits, like a Core data_id.
-func randomID(t testing.TB) string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b[:])
-}
 
 // TestConcurrentPollsBurst releases 50 polls at once, each on its own connection,
 // against file_result with burst 2 and a negligible rate: exactly 2 reach Core, 48 are
@@ -377,89 +317,6 @@ func TestForwardedForFromUntrustedPeer(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestClientAddr checks which address keys a request's per-client share.
-func TestClientAddr(t *testing.T) {
-	trusted := []netip.Prefix{
-		netip.MustParsePrefix("10.0.0.0/8"),
-		netip.MustParsePrefix("fd00::/8"),
-	}
-	tests := []struct {
-		name    string
-		peer    string
-		xff     []string
-		realIP  string
-		trusted []netip.Prefix
-		want    string
-	}{
-		{"untrusted peer, no headers", "203.0.113.5:1234", nil, "", trusted, "203.0.113.5"},
-		{"untrusted peer with XFF", "203.0.113.5:1234", []string{"1.2.3.4"}, "", trusted, "203.0.113.5"},
-		{"untrusted peer with X-Real-IP", "203.0.113.5:1234", nil, "1.2.3.4", trusted, "203.0.113.5"},
-		{"no trusted list", "10.0.0.1:1234", []string{"1.2.3.4"}, "1.2.3.4", nil, "10.0.0.1"},
-		{"trusted peer, one entry", "10.0.0.1:1234", []string{"1.2.3.4"}, "", trusted, "1.2.3.4"},
-		{"trusted peer, rightmost untrusted", "10.0.0.1:1234", []string{"6.6.6.6, 1.2.3.4, 5.6.7.8, 10.0.0.2"}, "", trusted, "5.6.7.8"},
-		{"multiple XFF headers", "10.0.0.1:1234", []string{"6.6.6.6, 1.2.3.4", "5.6.7.8, 10.0.0.3"}, "", trusted, "5.6.7.8"},
-		{"multiple headers, last all trusted", "10.0.0.1:1234", []string{"9.9.9.9", "10.0.0.3", "10.0.0.4"}, "", trusted, "9.9.9.9"},
-		{"every entry trusted: leftmost", "10.0.0.1:1234", []string{"10.0.0.5, 10.0.0.6"}, "", trusted, "10.0.0.5"},
-		{"garbage behind trusted hops", "10.0.0.1:1234", []string{"1.2.3.4, garbage, 10.0.0.2"}, "", trusted, "10.0.0.2"},
-		{"garbage rightmost", "10.0.0.1:1234", []string{"5.6.7.8, nonsense"}, "", trusted, "10.0.0.1"},
-		{"garbage only", "10.0.0.1:1234", []string{"unknown"}, "", trusted, "10.0.0.1"},
-		{"empty entry", "10.0.0.1:1234", []string{"1.2.3.4, "}, "", trusted, "10.0.0.1"},
-		{"entry with port", "10.0.0.1:1234", []string{"1.2.3.4:5678"}, "", trusted, "1.2.3.4"},
-		{"spaces", "10.0.0.1:1234", []string{"  1.2.3.4  ,10.0.0.9 "}, "", trusted, "1.2.3.4"},
-		{"IPv6 trusted peer, IPv6 client", "[fd00::1]:443", []string{"2001:db8::1"}, "", trusted, "2001:db8::1"},
-		{"IPv6 client with brackets and port", "[fd00::1]:443", []string{"[2001:db8::2]:1234"}, "", trusted, "2001:db8::2"},
-		{"IPv6 untrusted peer", "[2001:db8::9]:443", []string{"1.2.3.4"}, "", trusted, "2001:db8::9"},
-		{"IPv4-mapped trusted peer", "[::ffff:10.0.0.1]:80", []string{"1.2.3.4"}, "", trusted, "1.2.3.4"},
-		{"IPv4-mapped client", "10.0.0.1:80", []string{"::ffff:1.2.3.4"}, "", trusted, "1.2.3.4"},
-		{"X-Real-IP from trusted peer", "10.0.0.1:1234", nil, "1.2.3.4", trusted, "1.2.3.4"},
-		{"X-Real-IP IPv6 from trusted peer", "[fd00::1]:1234", nil, "2001:db8::7", trusted, "2001:db8::7"},
-		{"XFF wins over X-Real-IP", "10.0.0.1:1234", []string{"5.6.7.8"}, "1.2.3.4", trusted, "5.6.7.8"},
-		{"garbage X-Real-IP", "10.0.0.1:1234", nil, "nope", trusted, "10.0.0.1"},
-		{"bad RemoteAddr", "nonsense", []string{"1.2.3.4"}, "", trusted, "invalid IP"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := &http.Request{RemoteAddr: tt.peer, Header: http.Header{}}
-			for _, v := range tt.xff {
-				r.Header.Add("X-Forwarded-For", v)
-			}
-			if tt.realIP != "" {
-				r.Header.Set("X-Real-IP", tt.realIP)
-			}
-			if got := clientAddr(r, tt.trusted).String(); got != tt.want {
-				t.Errorf("clientAddr(peer %s, XFF %q, X-Real-IP %q) = %s, want %s", tt.peer, tt.xff, tt.realIP, got, tt.want)
-			}
-		})
-	}
-}
-
-// TestClientKey checks the per-client key: apikey first, else the client address.
-func TestClientKey(t *testing.T) {
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
-	tests := []struct {
-		peer, apikey, xff, want string
-	}{
-		{"1.2.3.4:5", "secret", "", "apikey:secret"},
-		{"10.0.0.1:5", "secret", "9.9.9.9", "apikey:secret"},
-		{"1.2.3.4:5", "", "", "addr:1.2.3.4"},
-		{"1.2.3.4:6", "", "9.9.9.9", "addr:1.2.3.4"},
-		{"10.0.0.1:5", "", "9.9.9.9", "addr:9.9.9.9"},
-		{"[2001:db8::1]:5", "", "", "addr:2001:db8::1"},
-	}
-	for _, tt := range tests {
-		r := &http.Request{RemoteAddr: tt.peer, Header: http.Header{}}
-		if tt.apikey != "" {
-			r.Header.Set("apikey", tt.apikey)
-		}
-		if tt.xff != "" {
-			r.Header.Set("X-Forwarded-For", tt.xff)
-		}
-		if got := clientKey(r, trusted); got != tt.want {
-			t.Errorf("clientKey(peer %s, apikey %q, XFF %q) = %q, want %q", tt.peer, tt.apikey, tt.xff, got, tt.want)
-		}
 	}
 }
 
@@ -828,40 +685,4 @@ func TestMetricsCardinality(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests, %d requests_total series", len(jobs), seriesCount(t, reg, "mdproxy_requests_total"))
-}
-
-// containsAny reports whether s contains one of subs (only for long enough s).
-func containsAny(s string, subs []string) bool {
-	if len(s) < 32 {
-		return false
-	}
-	for _, sub := range subs {
-		if strings.Contains(s, sub) {
-			return true
-		}
-	}
-	return false
-}
-
-func setOf(vs ...string) map[string]bool {
-	m := make(map[string]bool, len(vs))
-	for _, v := range vs {
-		m[v] = true
-	}
-	return m
-}
-
-// seriesCount is the number of series of family name in reg.
-func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return len(mf.GetMetric())
-		}
-	}
-	return 0
 }

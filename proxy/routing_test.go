@@ -6,70 +6,12 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
-
-// recordingUpstream is an upstream that answers 200 "ok" and records the method and
-// request target (as sent on the wire) of every request it receives.
-type recordingUpstream struct {
-	mu   sync.Mutex
-	seen []string // "METHOD request-target"
-}
-
-func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	u.mu.Lock()
-	u.seen = append(u.seen, r.Method+" "+r.RequestURI)
-	u.mu.Unlock()
-	_, _ = io.WriteString(w, "ok")
-}
-
-func (u *recordingUpstream) requests() []string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return append([]string(nil), u.seen...)
-}
-
-func (u *recordingUpstream) count() int { return len(u.requests()) }
-
-// patternParam matches a chi URL parameter of a pattern, e.g. {data_id}.
-var patternParam = regexp.MustCompile(`\{[^}]+\}`)
-
-// samplePath turns a route pattern into a path it matches.
-func samplePath(pattern string) string {
-	p := patternParam.ReplaceAllString(pattern, "abc123")
-	return strings.ReplaceAll(p, "*", "sub/x")
-}
-
-// do sends method to url with header through client (nil: http.DefaultClient) and
-// returns the response, its body read and closed.
-func do(t testing.TB, client *http.Client, method, url string, header http.Header) (*http.Response, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatalf("NewRequest(%q, %q): %v", method, url, err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, url, err)
-	}
-	return resp, string(b)
-}
 
 // TestRouteTable checks that every pattern of every route of routeTable, with its method
 // (GET routes also with HEAD, "*" routes with several methods), reaches the upstream
@@ -159,14 +101,6 @@ func TestRouteTableCoversNames(t *testing.T) {
 			t.Errorf("route name %q is not snake_case", rt.name)
 		}
 	}
-}
-
-// pathVariants are spellings of /file/x that Core resolves to the same data_id: each
-// must land in file_result's bucket.
-var pathVariants = []string{
-	"//file/x", "/file//x", "/file/./x", "/file/x/", "/FILE/X", "/File/x",
-	"/file/%78", "/file/batch/../x", "/file/x/.", "/file/%2e/x", "/./file/x",
-	"/file/x/..//x", "/%66ile/x",
 }
 
 // TestPathVariantsShareBucket checks that no spelling of /file/x escapes file_result's
