@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
@@ -539,6 +540,12 @@ func setOf(vs ...string) map[string]bool {
 // metricValue returns the value of the counter or gauge name (e.g.
 // "mdproxy_requests_total") whose labels include every pair of labels, summed over the
 // series that match; 0 when none does. It reads reg.Gather and fails t on its error.
+//
+// A test that holds a collector and reads one whole series of it uses
+// testutil.ToFloat64 instead; metricValue serves what testutil cannot express: a read
+// by a subset of the labels (e.g. requests_total of a route and code, whatever the
+// method) from the registry the proxy was built on, and a read of a series that must
+// not be created by reading it (WithLabelValues would).
 func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -621,19 +628,15 @@ func checkMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[
 	}
 }
 
-// seriesCount is the number of series of family name in reg.
+// seriesCount is the number of series of family name in reg, failing t when reg
+// cannot be gathered.
 func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {
 	t.Helper()
-	mfs, err := reg.Gather()
+	n, err := testutil.GatherAndCount(reg, name)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("GatherAndCount(%s) = %v, want no error", name, err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return len(mf.GetMetric())
-		}
-	}
-	return 0
+	return n
 }
 
 // formatLabels writes labels as Prometheus does, {k="v",...}, sorted by name.

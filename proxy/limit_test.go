@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
@@ -484,7 +485,8 @@ func TestLimitGauges(t *testing.T) {
 		"batch_status": {Rate: 0.5},
 		"other":        {Rate: 100, Burst: 200, MaxWait: 2 * time.Second},
 	}, nil)
-	_, reg := newTestProxy(t, &countingUpstream{}, func(o *Options) { o.Limits = set })
+	var m *metrics.Metrics
+	newTestProxy(t, &countingUpstream{}, func(o *Options) { o.Limits = set; m = o.Metrics })
 	tests := []struct {
 		route                string
 		rate, burst, maxWait float64
@@ -497,20 +499,23 @@ func TestLimitGauges(t *testing.T) {
 		{"version", 0, 0, 0},
 	}
 	for _, tt := range tests {
-		l := map[string]string{"route": tt.route}
-		if got := metricValue(t, reg, "mdproxy_limit_rate_requests_per_second", l); got != tt.rate {
+		if got := testutil.ToFloat64(m.LimitRate.WithLabelValues(tt.route)); got != tt.rate {
 			t.Errorf("limit_rate_requests_per_second{%s} = %v, want %v", tt.route, got, tt.rate)
 		}
-		if got := metricValue(t, reg, "mdproxy_limit_burst_requests", l); got != tt.burst {
+		if got := testutil.ToFloat64(m.LimitBurst.WithLabelValues(tt.route)); got != tt.burst {
 			t.Errorf("limit_burst_requests{%s} = %v, want %v", tt.route, got, tt.burst)
 		}
-		if got := metricValue(t, reg, "mdproxy_limit_max_wait_seconds", l); got != tt.maxWait {
+		if got := testutil.ToFloat64(m.LimitMaxWait.WithLabelValues(tt.route)); got != tt.maxWait {
 			t.Errorf("limit_max_wait_seconds{%s} = %v, want %v", tt.route, got, tt.maxWait)
 		}
 	}
 	// One series per route, whatever the route.
-	for _, name := range []string{"mdproxy_limit_rate_requests_per_second", "mdproxy_limit_burst_requests", "mdproxy_limit_max_wait_seconds"} {
-		if n := seriesCount(t, reg, name); n != len(RouteNames()) {
+	for name, c := range map[string]prometheus.Collector{
+		"mdproxy_limit_rate_requests_per_second": m.LimitRate,
+		"mdproxy_limit_burst_requests":           m.LimitBurst,
+		"mdproxy_limit_max_wait_seconds":         m.LimitMaxWait,
+	} {
+		if n := testutil.CollectAndCount(c); n != len(RouteNames()) {
 			t.Errorf("%s has %d series, want %d (one per route)", name, n, len(RouteNames()))
 		}
 	}
