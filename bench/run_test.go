@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image/png"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,16 +21,25 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// testEnv is an emulator configuration fast enough for a unit test.
+// testEnv is an emulator configuration fast enough for a unit test, and mdproxy's
+// shipped wiring for the Proxy-N cases, as mdbench runs it.
 func testEnv() Env {
 	cfg := coresim.DefaultConfig()
 	cfg.Speedup = 50
 	cfg.Tick = time.Millisecond
-	return Env{Sim: cfg}
+	return Env{Sim: cfg, StartProxy: startProxy}
+}
+
+// startProxy runs mdproxy in-process with environ, logging warnings to stderr.
+func startProxy(ctx context.Context, environ map[string]string) (string, func() error, error) {
+	environ = maps.Clone(environ)
+	environ["MDPROXY_LOG_LEVEL"] = "warn"
+	return sidecar.Start(ctx, environ, os.Stderr)
 }
 
 // testWorkload is the seed's client at a small scale.
@@ -232,6 +242,51 @@ func TestParseScenario(t *testing.T) {
 		if _, err := ParseScenario(n); err != nil {
 			t.Errorf("ParseScenario(%q) = %v, want every listed case to parse", n, err)
 		}
+	}
+}
+
+// TestProxySettings checks what a Proxy-N case asks of mdproxy: file_result limited
+// as the emulator limits Core itself (N a virtual second, burst FETCH_BURST, a wait of
+// FETCH_WAIT virtual), on loopback, in front of the case's emulator; and that the
+// case stops mdproxy, reporting how it ended, and fails without a way to start it.
+func TestProxySettings(t *testing.T) {
+	env := testEnv() // speed-up 50
+	var got map[string]string
+	stopErr := errors.New("cut at the shutdown timeout")
+	env.StartProxy = func(_ context.Context, environ map[string]string) (string, func() error, error) {
+		got = environ
+		return "http://192.0.2.1:1", func() error { return stopErr }, nil
+	}
+	st, err := env.start(context.Background(), Scenario{Name: "Proxy-10", ProxyLimit: 10})
+	if err != nil {
+		t.Fatalf("start(Proxy-10) = %v", err)
+	}
+	if st.target != "http://192.0.2.1:1" {
+		t.Errorf("Proxy-10 target = %q, want mdproxy's URL", st.target)
+	}
+	if err := st.stop(); !errors.Is(err, stopErr) {
+		t.Errorf("stopping Proxy-10 = %v, want mdproxy's error %v", err, stopErr)
+	}
+	up, ok := got["MDPROXY_UPSTREAM_URL"]
+	if !ok || !strings.HasPrefix(up, "http://127.0.0.1:") {
+		t.Errorf("MDPROXY_UPSTREAM_URL = %q, want the emulator on loopback", up)
+	}
+	for name, want := range map[string]string{
+		"MDPROXY_LISTEN_ADDR":          "127.0.0.1:0",
+		"MDPROXY_ADMIN_ADDR":           "127.0.0.1:0",
+		"MDPROXY_FILE_RESULT_RATE":     "500",  // 10 × 50
+		"MDPROXY_FILE_RESULT_BURST":    "5",    // CORESIM_FETCH_BURST
+		"MDPROXY_FILE_RESULT_MAX_WAIT": "40ms", // 2 s / 50
+		"MDPROXY_SHUTDOWN_DELAY":       "0s",
+	} {
+		if got[name] != want {
+			t.Errorf("Proxy-10 at ×50: %s = %q, want %q", name, got[name], want)
+		}
+	}
+
+	env.StartProxy = nil
+	if _, err := env.start(context.Background(), Scenario{Name: "Proxy-10", ProxyLimit: 10}); err == nil || !strings.Contains(err.Error(), "StartProxy") {
+		t.Errorf("start(Proxy-10) without StartProxy = %v, want an error naming StartProxy", err)
 	}
 }
 

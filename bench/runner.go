@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,9 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/coresim"
-	"github.com/mdproxy/mdproxy/limiter"
-	"github.com/mdproxy/mdproxy/metrics"
-	"github.com/mdproxy/mdproxy/proxy"
 )
 
 // Scenario is one case of the benchmark.
@@ -73,6 +69,13 @@ type Env struct {
 	// CallbackAddr is where the Webhook receiver listens (host:port); it must be
 	// reachable by Core. Empty: a free loopback port.
 	CallbackAddr string
+	// StartProxy starts mdproxy for a Proxy-N case: environ holds the case's MDPROXY_*
+	// settings (loopback addresses on free ports, Core's URL, file_result's limit, no
+	// shutdown delay), ctx ends with the case. It returns the proxy's URL and stop,
+	// which shuts mdproxy down and returns its error (nil after a clean shutdown).
+	// bench never assembles mdproxy itself, so that the cases measure the wiring that
+	// ships: cmd/mdbench runs package sidecar in-process. Required by Proxy-N cases only.
+	StartProxy func(ctx context.Context, environ map[string]string) (url string, stop func() error, err error)
 }
 
 // started is a scenario's servers.
@@ -80,7 +83,7 @@ type started struct {
 	target   string // where the client sends its requests
 	receiver string // the callback URL (Webhook)
 	recv     *Receiver
-	stop     func()
+	stop     func() error // stops every server, the last started first
 }
 
 // Speedup is the virtual time per real second of the scenario's clock.
@@ -120,14 +123,17 @@ func serve(h http.Handler, addr ...string) (string, func(), error) {
 // start brings up the servers of sc: a fresh emulator with Core's own limit, mdproxy in
 // front of it (or of CoreURL) for Proxy-N, and a callback receiver for Webhook. All
 // limits given per virtual second are multiplied by the speed-up.
-func (e Env) start(sc Scenario) (*started, error) {
-	var stops []func()
-	st := &started{stop: func() {
+func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
+	var stops []func() error
+	st := &started{stop: func() error {
+		var errs []error
 		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
+			errs = append(errs, stops[i]())
 		}
+		return errors.Join(errs...)
 	}}
-	fail := func(err error) (*started, error) { st.stop(); return nil, err }
+	fail := func(err error) (*started, error) { _ = st.stop(); return nil, err }
+	noErr := func(f func()) func() error { return func() error { f(); return nil } }
 	k := e.Speedup()
 
 	core := e.CoreURL
@@ -145,42 +151,42 @@ func (e Env) start(sc Scenario) (*started, error) {
 			defer wg.Done()
 			sim.Run(ctx, true)
 		}()
-		stops = append(stops, func() { cancel(); wg.Wait() })
+		stops = append(stops, noErr(func() { cancel(); wg.Wait() }))
 		u, stop, err := serve(sim.Handler())
 		if err != nil {
 			return fail(err)
 		}
-		stops = append(stops, stop)
+		stops = append(stops, noErr(stop))
 		core = u
 	}
 	st.target = core
 	if sc.ProxyLimit > 0 {
-		up, err := url.Parse(core)
-		if err != nil {
-			return fail(fmt.Errorf("core URL %q: %w", core, err))
+		if e.StartProxy == nil {
+			return fail(fmt.Errorf("%s: no way to start mdproxy (Env.StartProxy is nil)", sc.Name))
 		}
 		// The shape the emulator gives Core's own limit (coresim's FETCH_BURST and
 		// FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held up to 2
 		// seconds (virtual) for its turn, so that Proxy-N and Rate-N differ only in
-		// who enforces the limit.
-		set, err := limiter.NewSet(map[string]limiter.Limit{
-			"file_result": {Rate: sc.ProxyLimit * k, Burst: e.Sim.FetchBurst,
-				MaxWait: time.Duration(float64(e.Sim.FetchWait) / k)},
-		}, nil)
+		// who enforces the limit. Other routes keep mdproxy's defaults: the workload
+		// polls only GET /file/{data_id}.
+		u, stop, err := e.StartProxy(ctx, map[string]string{
+			"MDPROXY_LISTEN_ADDR":          "127.0.0.1:0",
+			"MDPROXY_ADMIN_ADDR":           "127.0.0.1:0",
+			"MDPROXY_UPSTREAM_URL":         core,
+			"MDPROXY_FILE_RESULT_RATE":     strconv.FormatFloat(sc.ProxyLimit*k, 'g', -1, 64),
+			"MDPROXY_FILE_RESULT_BURST":    strconv.Itoa(e.Sim.FetchBurst),
+			"MDPROXY_FILE_RESULT_MAX_WAIT": time.Duration(float64(e.Sim.FetchWait) / k).String(),
+			"MDPROXY_SHUTDOWN_DELAY":       "0s", // no load balancer to warn
+		})
 		if err != nil {
-			return fail(err)
+			return fail(fmt.Errorf("mdproxy: %w", err))
 		}
-		tr := proxy.NewTransport(proxy.TransportOptions{})
-		p, err := proxy.New(proxy.Options{Upstream: up, Transport: tr, Limits: set,
-			Metrics: metrics.New(prometheus.NewRegistry())})
-		if err != nil {
-			return fail(err)
-		}
-		u, stop, err := serve(p)
-		if err != nil {
-			return fail(err)
-		}
-		stops = append(stops, stop, tr.CloseIdleConnections)
+		stops = append(stops, func() error {
+			if err := stop(); err != nil {
+				return fmt.Errorf("mdproxy: %w", err)
+			}
+			return nil
+		})
 		st.target = u
 	}
 	if sc.Webhook {
@@ -189,19 +195,25 @@ func (e Env) start(sc Scenario) (*started, error) {
 		if err != nil {
 			return fail(err)
 		}
-		stops = append(stops, stop)
+		stops = append(stops, noErr(stop))
 		st.receiver = u + "/callback"
 	}
 	return st, nil
 }
 
-// RunScenario runs w in scenario sc on env and summarizes it.
-func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []DataFile) (Figures, error) {
-	st, err := env.start(sc)
+// RunScenario runs w in scenario sc on env and summarizes it. It fails when a server
+// of the case does not start, when the run fails, or when a server of the case fails
+// to stop cleanly (e.g. mdproxy cutting requests at its shutdown timeout).
+func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []DataFile) (_ Figures, err error) {
+	st, err := env.start(ctx, sc)
 	if err != nil {
 		return Figures{}, err
 	}
-	defer st.stop()
+	defer func() {
+		if serr := st.stop(); serr != nil && err == nil {
+			err = fmt.Errorf("%s: stopping: %w", sc.Name, serr)
+		}
+	}()
 	w.Speedup = env.Speedup()
 	if sc.Webhook {
 		if env.CoreURL != "" && env.CallbackAddr == "" {

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -172,6 +173,33 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	}
 	log.Info("mdproxy stopped")
 	return nil
+}
+
+// Start runs Run with environ and logw in a goroutine of its own and returns once
+// mdproxy listens: the proxy listener's URL (http://host:port, so listen on an address
+// that can be dialled, e.g. 127.0.0.1:0) and stop, which shuts mdproxy down as the end
+// of ctx would, waits for Run to return and returns Run's error (nil after a clean
+// shutdown); calling stop again returns the same error. When ctx ends mdproxy shuts
+// down too, and stop must still be called to wait for it. When Run fails before it
+// listens, Start returns its error (a *ConfigError for a bad setting) and a nil stop.
+// It serves programs that run mdproxy in-process, such as the benchmark.
+func Start(ctx context.Context, environ map[string]string, logw io.Writer) (proxyURL string, stop func() error, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	listening := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, environ, logw, func(proxyAddr, _ net.Addr) { listening <- proxyAddr })
+	}()
+	select {
+	case a := <-listening:
+		return "http://" + a.String(), sync.OnceValue(func() error {
+			cancel()
+			return <-done
+		}), nil
+	case err := <-done:
+		cancel()
+		return "", nil, err
+	}
 }
 
 // shutdownSignals are the signals that shut mdproxy down: mdproxy's main ends Run's

@@ -307,3 +307,34 @@ func TestLongUpload300MiB(t *testing.T) {
 	}
 	sidecartest.CheckJSONLogs(t, in.logs.String())
 }
+
+func TestStart(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	var logs sidecartest.LogBuffer
+	url, stop, err := Start(context.Background(), map[string]string{
+		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0",
+		"MDPROXY_UPSTREAM_URL": up.URL, "MDPROXY_SHUTDOWN_DELAY": "0s",
+	}, &logs)
+	if err != nil {
+		t.Fatalf("Start = %v, want mdproxy serving", err)
+	}
+	if code, body := sidecartest.Get(t, sidecartest.NewClient(t), url+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
+		t.Errorf("GET %s/file/x = %d %q, want 200 from the upstream", url, code, sidecartest.Short(body))
+	}
+	if err := stop(); err != nil {
+		t.Errorf("stop() = %v, want nil", err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("stop() again = %v, want nil again", err)
+	}
+	if findLog(sidecartest.CheckJSONLogs(t, logs.String()), "mdproxy stopped") == nil {
+		t.Errorf("logs have no %q line:\n%s", "mdproxy stopped", logs.String())
+	}
+
+	// A bad setting: the error at once, nothing to stop.
+	url, stop, err = Start(context.Background(), map[string]string{"MDPROXY_LIMIT_STATUS": "abc"}, io.Discard)
+	if !errors.As(err, new(*ConfigError)) || url != "" || stop != nil {
+		t.Errorf("Start(MDPROXY_LIMIT_STATUS=abc) = %q, stop non-nil %v, %v; want \"\", a nil stop and a *ConfigError", url, stop != nil, err)
+	}
+}

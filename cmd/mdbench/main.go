@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 	"github.com/mdproxy/mdproxy/bench"
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 func main() {
@@ -161,7 +163,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	work.FetchConcurrency = o.concurrency
 	work.APIKey = o.apiKey
 	env := bench.Env{CoreURL: strings.TrimRight(o.coreURL, "/"), Sim: simCfg, CallbackAddr: o.callbackAddr,
-		ClientSpeedup: o.speedup}
+		ClientSpeedup: o.speedup, StartProxy: startProxy(stderr)}
 
 	fmt.Fprintf(stderr, "mdbench: data set of %d files under %s\n", spec.Files, o.dataDir)
 	files, err := bench.LoadOrGenerate(o.dataDir, spec)
@@ -215,6 +217,18 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		fmt.Fprintln(stderr, "mdbench: checks hold")
 	}
 	return nil
+}
+
+// startProxy returns how the Proxy-N cases start mdproxy: its shipped wiring
+// (sidecar.Run) in this process with the case's MDPROXY_* settings, logging warnings
+// and errors to stderr. The MDPROXY_* variables of mdbench's environment are not
+// passed on: every Proxy-N case runs the same settings.
+func startProxy(stderr io.Writer) func(context.Context, map[string]string) (string, func() error, error) {
+	return func(ctx context.Context, environ map[string]string) (string, func() error, error) {
+		environ = maps.Clone(environ)
+		environ[sidecar.EnvPrefix+"LOG_LEVEL"] = "warn"
+		return sidecar.Start(ctx, environ, stderr)
+	}
 }
 
 // warnUnknown warns on stderr about CORESIM_* variables in environ that the emulator
