@@ -2,47 +2,11 @@ package limiter_test
 
 import (
 	"context"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mdproxy/mdproxy/limiter"
 )
-
-// benchAcquire measures Acquire on b, serially and from parallel goroutines, and fails
-// if a decision is not want. client gives the client key of the i-th request.
-func benchAcquire(b *testing.B, bucket *limiter.Bucket, want limiter.Outcome, client func(i int) string) {
-	b.Helper()
-	ctx := context.Background()
-	r := newRequest()
-	b.Run("serial", func(b *testing.B) {
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			if d := bucket.Acquire(ctx, r, client(i)); d.Outcome != want {
-				b.Fatalf("Acquire() = %v, want %v", d.Outcome, want)
-			}
-			i++
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		var next atomic.Int64
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(next.Add(1)) * 1_000_000 // each goroutine its own run of keys
-			for pb.Next() {
-				if d := bucket.Acquire(ctx, r, client(i)); d.Outcome != want {
-					b.Errorf("Acquire() = %v, want %v", d.Outcome, want)
-					return
-				}
-				i++
-			}
-		})
-	})
-}
-
-func oneClient(int) string { return "client" }
 
 func BenchmarkAcquireNil(b *testing.B) {
 	benchAcquire(b, nil, limiter.Allowed, oneClient)
@@ -64,17 +28,6 @@ func BenchmarkAcquireReject(b *testing.B) {
 	}
 	benchAcquire(b, bucket, limiter.Rejected, oneClient)
 }
-
-// clientKeys are the client keys the per-client benchmarks cycle through.
-var clientKeys = func() []string {
-	keys := make([]string, 1024)
-	for i := range keys {
-		keys[i] = "apikey-" + strconv.Itoa(i)
-	}
-	return keys
-}()
-
-func cycleClients(i int) string { return clientKeys[i%len(clientKeys)] }
 
 // BenchmarkAcquireClient is the per-client path (httprate) in front of an allowing
 // global bucket, over 1024 client keys whose share is never used up.

@@ -8,19 +8,6 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 )
 
-// waitQueued waits until b has n requests waiting, failing t after a bound that only a
-// broken bucket reaches.
-func waitQueued(t *testing.T, b *limiter.Bucket, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.Waiting() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("Waiting() = %d after 10 s, want %d", b.Waiting(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestCanceledWaiterSlotReused checks issue 9's second case: a request that leaves the
 // queue gives its turn to the requests behind it, so that the route keeps its rate
 // (x/time/rate alone restores no token while later reservations exist,

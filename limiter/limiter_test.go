@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,61 +17,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// epoch is the first instant of every fake clock.
-var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// fakeClock is a clock that moves only when told to. It is safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: epoch} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func mustBucket(t testing.TB, l limiter.Limit, now func() time.Time) *limiter.Bucket {
-	t.Helper()
-	b, err := limiter.NewBucket(l, now)
-	if err != nil {
-		t.Fatalf("NewBucket(%+v) = %v, want no error", l, err)
-	}
-	return b
-}
-
-// newRequest is the request handed to Acquire; httprate reads only its context.
-func newRequest() *http.Request {
-	return httptest.NewRequest(http.MethodGet, "/file/abc", nil)
-}
-
-// acquire calls b.Acquire with a background context.
-func acquire(b *limiter.Bucket, client string) limiter.Decision {
-	return b.Acquire(context.Background(), newRequest(), client)
-}
-
-// canceledCtx returns a context that is already done.
-func canceledCtx() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}
-
-// near reports whether got is within tol of want.
-func near(got, want, tol time.Duration) bool {
-	d := got - want
-	return d >= -tol && d <= tol
 }
 
 // TestBucketFlood offers requests far faster than the rate over a simulated minute and
