@@ -6,9 +6,13 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# The version and the VCS revision stamped in both binaries (--version, the start-up
+# log, mdproxy_build_info): the context has no .git for Go to read the revision from,
+# so pass it, e.g. --build-arg REVISION=$(git rev-parse HEAD).
 ARG VERSION=dev
+ARG REVISION
 RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags="-s -w -X github.com/mdproxy/mdproxy/metrics.Version=${VERSION}" \
+      -ldflags="-s -w -X github.com/mdproxy/mdproxy/metrics.Version=${VERSION} -X github.com/mdproxy/mdproxy/metrics.Revision=${REVISION}" \
       -o /out/ ./cmd/mdproxy ./cmd/coresim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS coresim

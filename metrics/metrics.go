@@ -155,11 +155,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Configured longest wait for a token by route, in seconds (0: reject at once).",
 		}, []string{"route"}),
 	}
-	version, revision := buildVersion()
+	version, revision, goVersion := BuildVersion()
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help:        "Always 1; the labels tell the version, VCS revision and Go version mdproxy was built with.",
-		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": goVersion()},
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": goVersion},
 	}, func() float64 { return 1 })
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -215,30 +215,34 @@ func (c clientKeysCollector) Collect(ch chan<- prometheus.Metric) {
 // information ("(devel)" for a build from a work tree).
 var Version string
 
-// buildVersion reads the version and VCS revision of the binary.
-func buildVersion() (version, revision string) {
-	version, revision = "unknown", "unknown"
+// Revision, when set at link time (-ldflags "-X
+// github.com/mdproxy/mdproxy/metrics.Revision=abc123"), as the Dockerfile does from its
+// REVISION build argument, is the revision label of mdproxy_build_info; otherwise the
+// VCS revision Go stamped in the binary, which a build without .git lacks.
+var Revision string
+
+// BuildVersion returns the version, the VCS revision and the Go version the binary was
+// built with, as the labels of mdproxy_build_info give them: each "unknown" when the
+// binary does not tell.
+func BuildVersion() (version, revision, goVersion string) {
+	version, revision, goVersion = "unknown", "unknown", "unknown"
 	info, ok := debug.ReadBuildInfo()
-	if ok && info.Main.Version != "" {
-		version = info.Main.Version
+	if ok {
+		goVersion = info.GoVersion
+		if info.Main.Version != "" {
+			version = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
 	}
 	if Version != "" {
 		version = Version
 	}
-	if !ok {
-		return
+	if Revision != "" {
+		revision = Revision
 	}
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" {
-			revision = s.Value
-		}
-	}
-	return
-}
-
-func goVersion() string {
-	if info, ok := debug.ReadBuildInfo(); ok {
-		return info.GoVersion
-	}
-	return "unknown"
+	return version, revision, goVersion
 }

@@ -115,8 +115,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(pl) }()
 	go func() { errc <- admin.Serve(al) }()
+	version, revision, _ := metrics.BuildVersion()
 	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
-		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus)
+		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
+		"version", version, "revision", revision)
 	for _, name := range proxy.RouteNames() {
 		if b := limits.Bucket(name); b != nil {
 			l := b.Limit()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
@@ -48,7 +49,7 @@ func TestRunServes(t *testing.T) {
 	if code, _ := sidecartest.Get(t, c, in.adminURL+"/file/x"); code != http.StatusNotFound {
 		t.Errorf("GET admin /file/x = %d, want 404: the admin port is not a proxy", code)
 	}
-	code, metrics := sidecartest.Get(t, c, in.adminURL+"/metrics")
+	code, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("GET admin /metrics = %d, want 200", code)
 	}
@@ -56,7 +57,7 @@ func TestRunServes(t *testing.T) {
 		t.Errorf("upstream saw %q after admin requests, want nothing new after %d requests", after, before)
 	}
 	for _, want := range []string{"mdproxy_requests_total", "mdproxy_build_info", "go_goroutines", "process_cpu_seconds_total"} {
-		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `[{ ]`).MatchString(metrics) {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `[{ ]`).MatchString(page) {
 			t.Errorf("admin /metrics has no series %s", want)
 		}
 	}
@@ -68,7 +69,7 @@ func TestRunServes(t *testing.T) {
 		`mdproxy_limit_burst_requests{route="batch_status"}`:                  4,
 		`mdproxy_limit_rate_requests_per_second{route="submit"}`:              0,
 	} {
-		if got, ok := sidecartest.MetricValue(metrics, series); !ok || got != want {
+		if got, ok := sidecartest.MetricValue(page, series); !ok || got != want {
 			t.Errorf("admin /metrics %s = %v (found %v), want %v", series, got, ok, want)
 		}
 	}
@@ -79,8 +80,15 @@ func TestRunServes(t *testing.T) {
 	lines := sidecartest.CheckJSONLogs(t, in.logs.String())
 	if l := findLog(lines, "mdproxy serving"); l == nil {
 		t.Errorf("logs have no %q line:\n%s", "mdproxy serving", in.logs)
-	} else if l["listen"] != in.proxyAddr {
-		t.Errorf("log %q listen = %v, want %s", "mdproxy serving", l["listen"], in.proxyAddr)
+	} else {
+		if l["listen"] != in.proxyAddr {
+			t.Errorf("log %q listen = %v, want %s", "mdproxy serving", l["listen"], in.proxyAddr)
+		}
+		version, revision, _ := metrics.BuildVersion()
+		if l["version"] != version || l["revision"] != revision {
+			t.Errorf("log %q version, revision = %v, %v; want %s, %s (as mdproxy_build_info)", "mdproxy serving",
+				l["version"], l["revision"], version, revision)
+		}
 	}
 	if findLog(lines, "mdproxy stopped") == nil {
 		t.Errorf("logs have no %q line:\n%s", "mdproxy stopped", in.logs)
@@ -266,9 +274,9 @@ func TestRunSlowUploadNotCut(t *testing.T) {
 		t.Fatalf("upload took %v, want longer than the 500 ms timeouts it must outlast (the pacing failed)", elapsed)
 	}
 
-	_, metrics := sidecartest.Get(t, c, in.adminURL+"/metrics")
+	_, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 	series := `mdproxy_request_body_bytes_total{route="submit"}`
-	if got, ok := sidecartest.MetricValue(metrics, series); !ok || got != size {
+	if got, ok := sidecartest.MetricValue(page, series); !ok || got != size {
 		t.Errorf("admin /metrics %s = %v (found %v), want %d", series, got, ok, size)
 	}
 	if err := in.stop(t); err != nil {
@@ -297,9 +305,9 @@ func TestLongUpload300MiB(t *testing.T) {
 	t.Logf("%d bytes (300 MiB) uploaded in %v: %.2f MB/s, sha256 %s", int64(size), elapsed.Round(time.Millisecond),
 		float64(size)/elapsed.Seconds()/1e6, sum)
 
-	_, metrics := sidecartest.Get(t, c, in.adminURL+"/metrics")
+	_, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 	series := `mdproxy_request_body_bytes_total{route="submit"}`
-	if got, ok := sidecartest.MetricValue(metrics, series); !ok || got != size {
+	if got, ok := sidecartest.MetricValue(page, series); !ok || got != size {
 		t.Errorf("admin /metrics %s = %v (found %v), want %d", series, got, ok, size)
 	}
 	if err := in.stop(t); err != nil {

@@ -1,25 +1,33 @@
 // Command coresim emulates OPSWAT MetaDefender Core: its REST API, and how it spends its
 // CPUs, so that polling slows scanning as it does on a real Core. Configuration is by
 // CORESIM_* environment variables (see package coresim, whose Run this command is,
-// behind signals and exit codes). It exits 2 on a bad setting, 1 on any other failure,
-// 0 after SIGTERM or SIGINT.
+// behind the command line (--version, --help), signals and exit codes). It exits 2 on a
+// bad setting or argument, 1 on any other failure, 0 after SIGTERM or SIGINT, or after
+// --version or --help.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
 
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/metrics"
 )
 
 func main() {
+	if code, exit := commandLine(os.Args[1:], os.Stdout, os.Stderr); exit {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := coresim.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {
@@ -29,4 +37,83 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+const usage = "usage: coresim [--version | --help]; settings are CORESIM_* environment variables\n"
+
+// commandLine reads coresim's arguments. --version prints the version, the VCS revision
+// and the Go version, and -h or --help a help, to stdout: then exit is true and code 0.
+// Any other argument prints an error and the usage line to stderr: exit is true and
+// code 2. Without arguments exit is false: coresim runs.
+func commandLine(args []string, stdout, stderr io.Writer) (code int, exit bool) {
+	fs := flag.NewFlagSet("coresim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // what to print, and where, is decided below
+	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, help())
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
+		return 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "coresim: %v\n%s", err, usage)
+		return 2, true
+	case *version:
+		// The same link-time stamps as mdproxy's (the Dockerfile builds both at once).
+		v, rev, goVersion := metrics.BuildVersion()
+		fmt.Fprintf(stdout, "coresim %s (revision %s, %s)\n", v, rev, goVersion)
+		return 0, true
+	}
+	return 0, false
+}
+
+// help is coresim's --help, up to the flags.
+func help() string {
+	return `coresim emulates OPSWAT MetaDefender Core for tests and benchmarks: it answers
+Core's REST API as Core does (submissions, result polls, batches, hash look-ups,
+callbacks, Core's own rate limit) and spends virtual CPU time as Core does, so that
+polling slows scanning. It serves its own /metrics on an admin port and stops on
+SIGTERM or SIGINT.
+
+` + usage + `
+Settings are environment variables, not flags; the README's "coresim, the Core
+emulator" section and the package documentation (go doc ./coresim) give each one's
+default and meaning. The variables:
+
+` + wrap(envconf.Names[coresim.Config](coresim.EnvPrefix)) + `
+Exit status: 0 after SIGTERM or SIGINT, 2 on a bad setting or argument, 1 on any
+other failure.
+
+Flags:
+`
+}
+
+// wrap joins words with ", " into indented lines of at most about 80 columns.
+func wrap(words []string) string {
+	var b strings.Builder
+	line := 0
+	for i, w := range words {
+		switch {
+		case i == 0:
+		case line+2+len(w) > 78:
+			b.WriteString(",\n")
+			line = 0
+		default:
+			b.WriteString(", ")
+			line += 2
+		}
+		if line == 0 {
+			b.WriteString("  ")
+			line = 2
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	b.WriteString("\n")
+	return b.String()
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/mdproxy/mdproxy/bench"
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/sidecar"
 )
 
@@ -72,6 +73,7 @@ type options struct {
 	soak         time.Duration // 0: the benchmark's cases, no soak
 	soakInterval time.Duration
 	mdproxyBin   string
+	version      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -95,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "fetch-concurrency", bench.SeedWorkload.FetchConcurrency, "fetches in flight at most (the client's connection pool)")
 	fs.DurationVar(&o.soak, "soak", 0, "run a soak of this duration instead of the cases (e.g. 30m): mdproxy's binary in front of an emulator under a steady mix of uploads and polls, its memory and goroutines read from its /metrics; exits 1 unless they stay flat")
 	fs.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "time between two samples of mdproxy's /metrics in a soak")
+	fs.BoolVar(&o.version, "version", false, "print the version, the VCS revision and the Go version, then exit")
 	fs.StringVar(&o.mdproxyBin, "mdproxy-bin", "", "the mdproxy binary a soak runs (default: built from ./cmd/mdproxy with the go command on PATH)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -121,6 +124,11 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		v, rev, goVersion := metrics.BuildVersion()
+		fmt.Fprintf(stdout, "mdbench %s (revision %s, %s)\n", v, rev, goVersion)
+		return nil
 	}
 	if o.soak > 0 {
 		return runSoak(ctx, o, environ, stdout, stderr)

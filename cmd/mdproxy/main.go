@@ -2,24 +2,34 @@
 // OPSWAT MetaDefender Core. It forwards Core's REST API, holds the polling routes to
 // per-route token buckets and exports Prometheus metrics. Configuration is by MDPROXY_*
 // environment variables; see the README. The wiring is package sidecar; this command
-// adds the signals and the exit codes: 2 on a bad setting, 1 on any other failure, 0
-// after a clean shutdown on SIGTERM or SIGINT.
+// adds the command line (--version, --help), the signals and the exit codes: 2 on a
+// bad setting or argument, 1 on any other failure, 0 after a clean shutdown on SIGTERM
+// or SIGINT, or after --version or --help.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/metrics"
+	"github.com/mdproxy/mdproxy/proxy"
 	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 func main() {
+	if code, exit := commandLine(os.Args[1:], os.Stdout, os.Stderr); exit {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := sidecar.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {
@@ -29,4 +39,85 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+const usage = "usage: mdproxy [--version | --help]; settings are MDPROXY_* environment variables\n"
+
+// commandLine reads mdproxy's arguments. --version prints the version, the VCS revision
+// and the Go version, and -h or --help a help, to stdout: then exit is true and code 0.
+// Any other argument prints an error and the usage line to stderr: exit is true and
+// code 2. Without arguments exit is false: mdproxy runs.
+func commandLine(args []string, stdout, stderr io.Writer) (code int, exit bool) {
+	fs := flag.NewFlagSet("mdproxy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // what to print, and where, is decided below
+	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, help())
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
+		return 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "mdproxy: %v\n%s", err, usage)
+		return 2, true
+	case *version:
+		v, rev, goVersion := metrics.BuildVersion()
+		fmt.Fprintf(stdout, "mdproxy %s (revision %s, %s)\n", v, rev, goVersion)
+		return 0, true
+	}
+	return 0, false
+}
+
+// help is mdproxy's --help, up to the flags.
+func help() string {
+	return `mdproxy is a rate-limiting reverse proxy, run as a sidecar in front of OPSWAT
+MetaDefender Core. It forwards Core's REST API, holds the polling routes (result
+polls, batch status, hash look-ups) to per-route token buckets, and serves its own
+/metrics, /healthz and /readyz on an admin port. It shuts down gracefully on SIGTERM
+or SIGINT.
+
+` + usage + `
+Settings are environment variables, not flags; the README's "Configuration" section
+gives each one's unit, default and meaning. The variables:
+
+` + wrap(envconf.Names[sidecar.Config](sidecar.EnvPrefix)) + `
+and each route's limit, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT and
+_CLIENT_WINDOW, where <ROUTE> is one of these route names in upper case:
+
+` + wrap(proxy.RouteNames()) + `
+Exit status: 0 after a clean shutdown, 2 on a bad setting or argument, 1 on any
+other failure.
+
+Flags:
+`
+}
+
+// wrap joins words with ", " into indented lines of at most about 80 columns.
+func wrap(words []string) string {
+	var b strings.Builder
+	line := 0
+	for i, w := range words {
+		switch {
+		case i == 0:
+		case line+2+len(w) > 78:
+			b.WriteString(",\n")
+			line = 0
+		default:
+			b.WriteString(", ")
+			line += 2
+		}
+		if line == 0 {
+			b.WriteString("  ")
+			line = 2
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	b.WriteString("\n")
+	return b.String()
 }

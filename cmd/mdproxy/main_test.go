@@ -32,8 +32,9 @@ func TestMain(m *testing.M) {
 const safety = sidecartest.Safety
 
 // buildBinary builds mdproxy into a temporary directory with the go command of the
-// toolchain running the test, and returns its path.
-func buildBinary(t *testing.T) string {
+// toolchain running the test, and extra build flags (e.g. -ldflags), and returns its
+// path.
+func buildBinary(t *testing.T, flags ...string) string {
 	t.Helper()
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goBin); err != nil {
@@ -42,7 +43,8 @@ func buildBinary(t *testing.T) string {
 		}
 	}
 	bin := filepath.Join(t.TempDir(), "mdproxy")
-	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
+	args := append(append([]string{"build", "-o", bin}, flags...), ".")
+	out, err := exec.Command(goBin, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -67,7 +69,57 @@ func TestBinary(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	t.Parallel()
-	bin := buildBinary(t)
+	// Stamped as the Dockerfile stamps an image, from its VERSION and REVISION.
+	const version, revision = "1.2.3-test", "0123456789abcdef"
+	bin := buildBinary(t, "-ldflags", "-X github.com/mdproxy/mdproxy/metrics.Version="+version+
+		" -X github.com/mdproxy/mdproxy/metrics.Revision="+revision)
+
+	// The command line: --version and --help print to stdout and exit 0 without
+	// serving; any other argument exits 2 with a usage line on stderr.
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout []string // each must appear
+		stderr []string // each must appear; none: stderr must be empty
+	}{
+		{args: []string{"--version"}, stdout: []string{"mdproxy " + version + " (revision " + revision + ", " + runtime.Version() + ")\n"}},
+		{args: []string{"-version"}, stdout: []string{"mdproxy " + version + " (revision " + revision + ", " + runtime.Version() + ")\n"}},
+		{args: []string{"--help"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_UPSTREAM_URL", "MDPROXY_<ROUTE>_RATE", "file_result", "README", "-version"}},
+		{args: []string{"-h"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_LISTEN_ADDR", "README"}},
+		{args: []string{"--verbose"}, code: 2, stderr: []string{"-verbose", "usage: mdproxy"}},
+		{args: []string{"serve"}, code: 2, stderr: []string{`"serve"`, "usage: mdproxy"}},
+		{args: []string{"--version", "now"}, code: 2, stderr: []string{`"now"`, "usage: mdproxy"}},
+	} {
+		t.Run("args/"+strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), safety)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, tc.args...)
+			// Should it serve instead, it does so on free ports until the safety bound.
+			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0"}
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if code := exitCode(t, cmd.Run()); code != tc.code {
+				t.Errorf("mdproxy %q exit code = %d, want %d; stderr:\n%s", tc.args, code, tc.code, stderr.String())
+			}
+			for _, want := range tc.stdout {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("mdproxy %q stdout = %q, want it to contain %q", tc.args, stdout.String(), want)
+				}
+			}
+			if len(tc.stdout) == 0 && stdout.Len() != 0 {
+				t.Errorf("mdproxy %q stdout = %q, want nothing", tc.args, stdout.String())
+			}
+			for _, want := range tc.stderr {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("mdproxy %q stderr = %q, want it to contain %q", tc.args, stderr.String(), want)
+				}
+			}
+			if len(tc.stderr) == 0 && stderr.Len() != 0 {
+				t.Errorf("mdproxy %q stderr = %q, want nothing", tc.args, stderr.String())
+			}
+		})
+	}
 
 	// A bad setting: exit 2 before listening, one line on stderr naming the variable.
 	for _, tc := range []struct{ name, value string }{
@@ -149,7 +201,7 @@ func TestBinary(t *testing.T) {
 			for sc.Scan() {
 				line := sc.Text()
 				lines = append(lines, line)
-				var rec struct{ Msg, Listen, Admin string }
+				var rec struct{ Msg, Listen, Admin, Version, Revision string }
 				if err := json.Unmarshal([]byte(line), &rec); err != nil {
 					t.Errorf("mdproxy stderr line %q: not JSON: %v", line, err)
 					continue
@@ -157,6 +209,9 @@ func TestBinary(t *testing.T) {
 				switch rec.Msg {
 				case "mdproxy serving":
 					served = true
+					if rec.Version != version || rec.Revision != revision {
+						t.Errorf("mdproxy serving line %q: version %q, revision %q; want %q, %q", line, rec.Version, rec.Revision, version, revision)
+					}
 					if code, body := sidecartest.Get(t, c, "http://"+rec.Listen+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
 						t.Errorf("GET proxy /file/x = %d %q, want 200 from the upstream", code, body)
 					}
