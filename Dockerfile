@@ -11,6 +11,7 @@ COPY . .
 # so pass it, e.g. --build-arg REVISION=$(git rev-parse HEAD).
 ARG VERSION=dev
 ARG REVISION
+RUN test -n "${REVISION}" || { echo 'build with --build-arg REVISION=$(git rev-parse HEAD): mdproxy_build_info must name the revision' >&2; exit 1; }
 RUN CGO_ENABLED=0 go build -trimpath \
       -ldflags="-s -w -X github.com/mdproxy/mdproxy/metrics.Version=${VERSION} -X github.com/mdproxy/mdproxy/metrics.Revision=${REVISION}" \
       -o /out/ ./cmd/mdproxy ./cmd/coresim
