@@ -153,7 +153,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = "file"
 	}
-	in, size, err := Inspect(r.Body, name, s.cfg.TempDir)
+	in, size, err := inspect(r.Body, name, s.cfg.TempDir)
 	if err != nil {
 		writeErr(w, http.StatusBadRequest, "Failed to read the file.")
 		return
@@ -221,19 +221,19 @@ func (a *api) fetchGate(w http.ResponseWriter, r *http.Request, kind string) boo
 	// A web server worker receives the request and checks Core's limit at the virtual
 	// instant it does so: requests reach the limiter one after another, as they do in
 	// Core, however many arrived in the same step of the model.
-	work := WorkPoll
+	served := workPoll // what the fetch's core time counts as when allowed
 	if kind == "batch_status" {
-		work = WorkBatchStatus
+		served = workBatchStatus
 	}
 	allowed := false
 	var turn time.Duration // virtual instant at which an allowed fetch may go on
-	admitted := s.model.Admit(coreSeconds(s.cfg.RejectCost), func(at time.Duration) Work {
+	admitted := s.model.Admit(coreSeconds(s.cfg.RejectCost), func(at time.Duration) work {
 		delay, ok := s.fetch.ReserveAt(s.epoch.Add(at))
 		if !ok {
-			return WorkReject
+			return workReject
 		}
 		allowed, turn = true, at+delay
-		return work
+		return served
 	})
 	select {
 	case <-admitted:
@@ -266,14 +266,14 @@ func (a *api) result(w http.ResponseWriter, r *http.Request) {
 	sc := s.lookup(chi.URLParam(r, "data_id"))
 	if sc == nil {
 		s.m.fetches.WithLabelValues("result", "not_found").Inc()
-		if s.wait(r.Context(), WorkPoll, s.cfg.PollCostBase) {
+		if s.wait(r.Context(), workPoll, s.cfg.PollCostBase) {
 			writeErr(w, http.StatusNotFound, "Not found")
 		}
 		return
 	}
-	res, entries := s.analysisResult(sc)
+	res, entries := s.resultOf(sc)
 	cost := s.cfg.PollCostBase + time.Duration(entries)*s.cfg.PollCostEntry
-	if !s.wait(r.Context(), WorkPoll, cost) {
+	if !s.wait(r.Context(), workPoll, cost) {
 		return
 	}
 	s.m.fetches.WithLabelValues("result", "served").Inc()
@@ -295,13 +295,13 @@ func (a *api) hashLookup(w http.ResponseWriter, r *http.Request) {
 	sc := s.byHash[h]
 	s.mu.Unlock()
 	if sc == nil {
-		if s.wait(r.Context(), WorkPoll, s.cfg.PollCostBase) {
+		if s.wait(r.Context(), workPoll, s.cfg.PollCostBase) {
 			writeJSON(w, http.StatusOK, map[string]string{chi.URLParam(r, "hash"): "Not Found"})
 		}
 		return
 	}
-	res, entries := s.analysisResult(sc)
-	if s.wait(r.Context(), WorkPoll, s.cfg.PollCostBase+time.Duration(entries)*s.cfg.PollCostEntry) {
+	res, entries := s.resultOf(sc)
+	if s.wait(r.Context(), workPoll, s.cfg.PollCostBase+time.Duration(entries)*s.cfg.PollCostEntry) {
 		writeJSON(w, http.StatusOK, res)
 	}
 }

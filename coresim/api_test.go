@@ -127,7 +127,7 @@ func TestAPIQueueFull(t *testing.T) {
 		resp := h.post(t, "/file", []byte("one too many"), "Content-Type", "application/octet-stream")
 		wantErrBody(t, fmt.Sprintf("POST /file (queue full, try %d)", i+1), resp, 503, "Server is too busy. Try again later.")
 	}
-	h.sim.Advance(time.Millisecond) // the one core takes the first file
+	h.sim.advance(time.Millisecond) // the one core takes the first file
 	if n := h.sim.model.QueueLen(); n != 2 {
 		t.Fatalf("QueueLen() after one file started = %d, want 2", n)
 	}
@@ -175,7 +175,7 @@ func TestAPIProgress(t *testing.T) {
 		if res.ScanResults.ScanAllResultI != 255 || res.ProcessInfo.Result != "Processing" {
 			t.Errorf("GET /file/%s at %d%% = %d %q, want 255 Processing", id, sp, res.ScanResults.ScanAllResultI, res.ProcessInfo.Result)
 		}
-		h.sim.Advance(20 * time.Millisecond)
+		h.sim.advance(20 * time.Millisecond)
 	}
 	if len(seen) < 10 {
 		t.Errorf("GET /file/%s went through %d progress values, want >= 10 steps on the way to 100", id, len(seen))
@@ -213,7 +213,7 @@ func TestAPIInQueue(t *testing.T) {
 		}
 	}
 	check("all queued", []int{0, 1, 2, 3})
-	h.sim.Advance(time.Millisecond)
+	h.sim.advance(time.Millisecond)
 	check("first started", []int{-1, 0, 1, 2})
 	if resp := h.post(t, "/file/"+ids[2]+"/cancel", nil); resp.status != 200 {
 		t.Fatalf("POST /file/<file 2>/cancel = %d %s, want 200", resp.status, resp.body)
@@ -230,7 +230,7 @@ func TestAPICancel(t *testing.T) {
 	})
 	a := h.submit(t, ooxmlMedia(8, "", 1<<20))
 	b := h.submit(t, []byte("next"))
-	h.sim.Advance(100 * time.Millisecond)
+	h.sim.advance(100 * time.Millisecond)
 	if p := h.result(t, a).ScanResults.ProgressPercent; p < 1 || p > 99 {
 		t.Fatalf("GET /file/<a> before cancel progress = %d, want 1..99", p)
 	}
@@ -255,7 +255,7 @@ func TestAPICancel(t *testing.T) {
 		}
 	}
 	checkCanceled("just canceled")
-	h.sim.Advance(time.Millisecond)
+	h.sim.advance(time.Millisecond)
 	if res := h.result(t, b); res.ScanResults.InQueue != nil {
 		t.Errorf("GET /file/<b> after the running scan was canceled: in_queue = %d, want absent (scanning)", *res.ScanResults.InQueue)
 	}
@@ -281,7 +281,7 @@ func TestAPIHashLookup(t *testing.T) {
 	md, s1, s256 := hashesOf(body)
 	for _, hash := range []string{md, s1, s256, strings.ToUpper(s256)} {
 		resp := h.get(t, "/hash/"+hash)
-		var res AnalysisResult
+		var res analysisResult
 		resp.decode(t, &res)
 		if resp.status != 200 || res.DataID != id || res.FileInfo.SHA256 != s256 || res.ScanResults.ProgressPercent != 100 {
 			t.Errorf("GET /hash/%s = %d data_id %s, want 200 %s complete", hash, resp.status, res.DataID, id)
@@ -339,7 +339,7 @@ func TestAPIBatchPages(t *testing.T) {
 	var got []string
 	for _, tt := range []struct{ first, n int }{{0, 50}, {50, 50}, {100, 20}, {150, 0}} {
 		resp := h.get(t, fmt.Sprintf("/file/batch/%s?first=%d", batch, tt.first))
-		var st BatchResponse
+		var st batchResponse
 		resp.decode(t, &st)
 		bf := st.BatchFiles
 		if resp.status != 200 || st.BatchID != batch || bf.BatchCount != 120 || bf.FirstIndex != tt.first ||
@@ -356,12 +356,12 @@ func TestAPIBatchPages(t *testing.T) {
 	}
 
 	resp = h.post(t, "/file/batch/"+batch+"/close", nil)
-	var closed BatchResponse
+	var closed batchResponse
 	resp.decode(t, &closed)
 	if resp.status != 200 || !closed.IsClosed {
 		t.Errorf("POST /file/batch/%s/close = %d is_closed %t, want 200 true", batch, resp.status, closed.IsClosed)
 	}
-	var st BatchResponse
+	var st batchResponse
 	h.get(t, "/file/batch/"+batch).decode(t, &st)
 	if !st.IsClosed {
 		t.Errorf("GET /file/batch/%s after close: is_closed = false, want true", batch)
@@ -450,7 +450,7 @@ func TestAPIReadyz(t *testing.T) {
 	h.submit(t, []byte("3"))
 	want("above the threshold", 503)
 	wantErrBody(t, "GET /readyz (above)", h.get(t, "/readyz"), 503, "Scan queue is over its threshold.")
-	h.sim.Advance(time.Millisecond) // 8 cores take the 3 files
+	h.sim.advance(time.Millisecond) // 8 cores take the 3 files
 	want("files started", 200)
 }
 
@@ -470,7 +470,7 @@ func TestAPIVersionAndStats(t *testing.T) {
 	for i := range 3 {
 		h.submit(t, []byte(fmt.Sprintf("stat %d", i)))
 	}
-	h.sim.Advance(time.Millisecond) // one core: one file scanning, two queued
+	h.sim.advance(time.Millisecond) // one core: one file scanning, two queued
 	var nodes []struct {
 		Statuses []struct {
 			CPUCores  int `json:"cpu_cores"`
@@ -514,7 +514,7 @@ func TestAPIVersionAndStats(t *testing.T) {
 func TestAPIPollCost(t *testing.T) {
 	// No request latency: the poll goes straight to the cores.
 	h := newAPIHarness(t, func(c *Config) { c.RequestLatency = 0 })
-	cfg := h.sim.Config()
+	cfg := h.sim.cfg
 	id := h.submit(t, []byte("polled"))
 
 	// The poll is booked but not served: it cannot have answered.
@@ -549,7 +549,7 @@ serve:
 		default:
 		}
 		if modelWaiting(h.sim.model) > 0 {
-			h.sim.Advance(time.Millisecond)
+			h.sim.advance(time.Millisecond)
 		} else {
 			runtime.Gosched()
 		}
@@ -564,7 +564,7 @@ serve:
 	_, _, spent := h.sim.model.Load()
 	// The worker's receiving the request (RejectCost) is part of the poll's cost.
 	want := (cfg.RejectCost + cfg.PollCostBase + time.Duration(len(cfg.Engines))*cfg.PollCostEntry).Seconds()
-	if got := spent[WorkPoll]; math.Abs(got-want) > 1e-9 {
+	if got := spent[workPoll]; math.Abs(got-want) > 1e-9 {
 		t.Errorf("core time of one poll = %.6fs, want %.6fs", got, want)
 	}
 
@@ -579,7 +579,7 @@ serve:
 	h.get(t, "/file/batch/"+open.BatchID)
 	_, _, spent = h.sim.model.Load()
 	want = (cfg.RejectCost + cfg.PollCostBase + 3*cfg.BatchCostFile).Seconds()
-	if got := spent[WorkBatchStatus]; math.Abs(got-want) > 1e-9 {
+	if got := spent[workBatchStatus]; math.Abs(got-want) > 1e-9 {
 		t.Errorf("core time of one batch status of 3 files = %.6fs, want %.6fs", got, want)
 	}
 }

@@ -103,7 +103,7 @@ func (c *callbacks) work(ctx context.Context) {
 // deliver makes one attempt and schedules the next one if it failed.
 func (c *callbacks) deliver(ctx context.Context, d *delivery) {
 	s := c.s
-	res, _ := s.analysisResult(d.sc)
+	res, _ := s.resultOf(d.sc)
 	body, _ := json.Marshal(res)
 	code := 0
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.sc.callbackURL, bytes.NewReader(body))

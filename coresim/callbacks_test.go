@@ -40,7 +40,7 @@ func newHookReceiver(t *testing.T, sim *Sim, codes ...int) *hookReceiver {
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		h.mu.Lock()
-		h.attempts = append(h.attempts, hookAttempt{at: sim.Model().Now(), method: r.Method, contentType: r.Header.Get("Content-Type"), body: body})
+		h.attempts = append(h.attempts, hookAttempt{at: sim.model.Now(), method: r.Method, contentType: r.Header.Get("Content-Type"), body: body})
 		code := codes[min(len(h.attempts), len(codes))-1]
 		h.mu.Unlock()
 		w.WriteHeader(code)
@@ -96,10 +96,10 @@ func callbackCounts(s *Sim) (attempts, outcomes float64) {
 func (r *rig) callbackStep(d time.Duration) bool {
 	r.t.Helper()
 	n, next := callbacksPending(r.sim)
-	due := n > 0 && next <= r.sim.Model().Now()+d
+	due := n > 0 && next <= r.sim.model.Now()+d
 	completed := counterValue(r.sim.m.filesCompleted)
 	attempts, outcomes := callbackCounts(r.sim)
-	r.sim.Advance(d)
+	r.sim.advance(d)
 	if !due && counterValue(r.sim.m.filesCompleted) == completed {
 		return false
 	}
@@ -160,7 +160,7 @@ func TestCallbackRetries(t *testing.T) {
 			var t0 time.Duration
 			for range 200 { // 20 s: the last attempt and a long quiet time after it
 				if r.callbackStep(step) && t0 == 0 {
-					t0 = r.sim.Model().Now() // completion: the step that made the first attempt
+					t0 = r.sim.model.Now() // completion: the step that made the first attempt
 				}
 			}
 			if t0 != step {
@@ -184,7 +184,7 @@ func TestCallbackRetries(t *testing.T) {
 				if a.method != http.MethodPost || a.contentType != "application/json" {
 					t.Errorf("attempt %d: %s with Content-Type %q, want POST with application/json", i+1, a.method, a.contentType)
 				}
-				var res AnalysisResult
+				var res analysisResult
 				if err := json.Unmarshal(a.body, &res); err != nil {
 					t.Fatalf("attempt %d: body %q is not JSON: %v", i+1, a.body, err)
 				}
@@ -247,7 +247,7 @@ func TestCallbackUnreachable(t *testing.T) {
 	var at []time.Duration
 	for range 100 {
 		if r.callbackStep(100 * time.Millisecond) {
-			at = append(at, r.sim.Model().Now())
+			at = append(at, r.sim.model.Now())
 		}
 	}
 	ms := time.Millisecond

@@ -109,13 +109,13 @@ func LoadConfig(environ map[string]string) (Config, error) {
 		return c, err
 	}
 	// An empty CORESIM_ADMIN_ADDR means no admin listener; an empty
-	// CORESIM_LISTEN_ADDR is a mistake that Validate reports.
+	// CORESIM_LISTEN_ADDR is a mistake that validate reports.
 	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{"LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
-	return c, c.Validate(environ)
+	return c, c.validate(environ)
 }
 
-// Validate rejects settings that parse but make no sense, naming the variable.
-func (c *Config) Validate(environ map[string]string) error {
+// validate rejects settings that parse but make no sense, naming the variable.
+func (c *Config) validate(environ map[string]string) error {
 	bad := func(name, want string) error { return envconf.Invalid(environ, EnvPrefix, name, want) }
 	switch {
 	case c.ListenAddr == "":

@@ -312,7 +312,7 @@ func (c *coreContract) checkOffSpec(ex exchange) error {
 }
 
 // apiHarness is an emulator behind an httptest server whose virtual time the test
-// drives by hand (Sim.Advance): Run delivers callbacks only. Every answer goes through
+// drives by hand (Sim.advance): Run delivers callbacks only. Every answer goes through
 // the contract check.
 type apiHarness struct {
 	sim *Sim
@@ -380,8 +380,8 @@ func apiHeader(kv ...string) http.Header {
 }
 
 // modelWaiting returns the number of requests waiting on the model: for their core
-// time, or for a virtual delay (Model.After, e.g. RequestLatency).
-func modelWaiting(m *Model) int {
+// time, or for a virtual delay (model.After, e.g. RequestLatency).
+func modelWaiting(m *model) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.fg.Len() + m.timers.Len()
@@ -389,7 +389,7 @@ func modelWaiting(m *Model) int {
 
 // exactTime makes requests free and instant in virtual time (no poll or batch cost,
 // no request latency), so that polling leaves the model where it was: for tests that
-// check a state reached by Advance.
+// check a state reached by advance.
 func exactTime(c *Config) {
 	c.PollCostBase, c.PollCostEntry, c.BatchCostFile, c.RequestLatency, c.RejectCost = 0, 0, 0, 0, 0
 }
@@ -445,7 +445,7 @@ wait:
 		default:
 		}
 		if modelWaiting(h.sim.model) > 0 {
-			h.sim.Advance(h.step)
+			h.sim.advance(h.step)
 		} else {
 			runtime.Gosched()
 		}
@@ -499,13 +499,13 @@ func (h *apiHarness) submit(t *testing.T, body []byte, kv ...string) string {
 }
 
 // result GETs /file/{id}, wants 200 and returns the result.
-func (h *apiHarness) result(t *testing.T, id string) AnalysisResult {
+func (h *apiHarness) result(t *testing.T, id string) analysisResult {
 	t.Helper()
 	resp := h.get(t, "/file/"+id)
 	if resp.status != http.StatusOK {
 		t.Fatalf("GET /file/%s = %d %s, want 200", id, resp.status, resp.body)
 	}
-	var res AnalysisResult
+	var res analysisResult
 	resp.decode(t, &res)
 	return res
 }
@@ -521,7 +521,7 @@ func (h *apiHarness) settle(t *testing.T) {
 		if i == 100000 {
 			t.Fatalf("scans still pending after %v of virtual time", h.sim.model.Now())
 		}
-		h.sim.Advance(100 * time.Millisecond)
+		h.sim.advance(100 * time.Millisecond)
 	}
 }
 
@@ -695,7 +695,7 @@ func TestContractResultStates(t *testing.T) {
 		}
 	})
 	t.Run("scanning", func(t *testing.T) {
-		h.sim.Advance(45 * time.Millisecond) // about half of the first file's 90.6 ms
+		h.sim.advance(45 * time.Millisecond) // about half of the first file's 90.6 ms
 		res := h.result(t, clean)
 		if p := res.ScanResults.ProgressPercent; p < 1 || p > 99 || res.ScanResults.InQueue != nil {
 			t.Errorf("GET /file/%s progress = %d, in_queue %v, want 1..99 and no in_queue", clean, p, res.ScanResults.InQueue)
@@ -748,7 +748,7 @@ func TestContractBatch(t *testing.T) {
 	h.submit(t, []byte("one"), "batch", id, "filename", "one.txt")
 	h.submit(t, append([]byte("two "), eicar...), "batch", id, "filename", "two.com")
 
-	var st BatchResponse
+	var st batchResponse
 	resp = h.get(t, "/file/batch/"+id)
 	resp.decode(t, &st)
 	if resp.status != 200 || st.IsClosed || st.BatchFiles.BatchCount != 2 || st.ProcessInfo.Result != "Processing" {

@@ -5,7 +5,7 @@
 //
 // # API
 //
-// POST /file reads and inspects the upload (Inspect): it hashes it (md5, sha1, sha256),
+// POST /file reads and inspects the upload: it hashes it (md5, sha1, sha256),
 // looks for the EICAR test string, and opens an Office Open XML file (a zip) to list
 // its parts, each of which is an object scanned by every engine. The upload itself is
 // not kept: only what results need. GET /file/{data_id} answers the result in progress
@@ -20,7 +20,7 @@
 //
 // # Resource model
 //
-// Model holds V virtual cores (CORESIM_CORES, default 8, the published benchmark's
+// The model holds V virtual cores (CORESIM_CORES, default 8, the published benchmark's
 // host). Every activity that costs Core CPU holds core time:
 //
 //	scan of a submission   n × SCAN_COST_OBJECT + MiB × SCAN_COST_MIB, n = 1 + parts
@@ -68,9 +68,9 @@
 // Every duration the emulator reports or is configured with is virtual. Speedup
 // (CORESIM_SPEEDUP) virtual seconds pass per real second, so a 45-minute experiment can
 // run in minutes; Run advances the model every Tick of real time, and tests advance it
-// by hand (Sim.Advance) for exact, sleep-free checks. Core's own rate limit
-// (CORESIM_FETCH_LIMIT, requests per virtual second on result polls and batch status)
-// and the callback retry schedule run on the same virtual clock.
+// by hand for exact, sleep-free checks. Core's own rate limit (CORESIM_FETCH_LIMIT,
+// requests per virtual second on result polls and batch status) and the callback retry
+// schedule run on the same virtual clock.
 //
 // # Callbacks
 //

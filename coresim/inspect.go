@@ -20,8 +20,8 @@ import (
 // that contains it as infected.
 var eicar = []byte(`X5O!P%@AP[4\PZX54(P^)7CC)7}$EICAR-STANDARD-ANTIVIRUS-TEST-FILE!$H+H*`)
 
-// Object is one scanned object: the submitted file itself or a part extracted from it.
-type Object struct {
+// object is one scanned object: the submitted file itself or a part extracted from it.
+type object struct {
 	Name     string // display name: the file name, or the part's path inside the archive
 	Size     int64  // bytes (uncompressed for a part)
 	Type     string // file type as Core names it, e.g. DOCX, XML, PNG
@@ -32,20 +32,20 @@ type Object struct {
 	Infected bool // contains the EICAR test string
 }
 
-// Inspection is what reading a submission found.
-type Inspection struct {
-	File  Object   // the submitted file
-	Parts []Object // parts extracted from an Office Open XML (zip) file, in archive order
+// inspection is what reading a submission found.
+type inspection struct {
+	File  object   // the submitted file
+	Parts []object // parts extracted from an Office Open XML (zip) file, in archive order
 	// Corrupt is set when the file looks like a zip but cannot be opened: Core reports
 	// such a file as failed to scan (scan_all_result_i 3).
 	Corrupt bool
 }
 
 // Objects is the number of objects Core scans for the submission: the file and its parts.
-func (in *Inspection) Objects() int { return 1 + len(in.Parts) }
+func (in *inspection) Objects() int { return 1 + len(in.Parts) }
 
 // Infected reports whether the file or any part contains the EICAR test string.
-func (in *Inspection) Infected() bool {
+func (in *inspection) Infected() bool {
 	if in.File.Infected {
 		return true
 	}
@@ -57,14 +57,14 @@ func (in *Inspection) Infected() bool {
 	return false
 }
 
-// Inspect reads body to its end: it hashes it, looks for the EICAR string and, when the
+// inspect reads body to its end: it hashes it, looks for the EICAR string and, when the
 // body is a zip (Office Open XML is one), spools it to a temporary file in tmpDir
 // ("" = os.TempDir()), opens it and inspects each part the same way. Nothing of the body
-// is kept in memory beyond a read buffer; the temporary file is removed before Inspect
+// is kept in memory beyond a read buffer; the temporary file is removed before inspect
 // returns. It returns the number of bytes read and an error only when reading body or
 // the temporary file fails.
-func Inspect(body io.Reader, name, tmpDir string) (*Inspection, int64, error) {
-	in := &Inspection{}
+func inspect(body io.Reader, name, tmpDir string) (*inspection, int64, error) {
+	in := &inspection{}
 	var head [4]byte
 	n, err := io.ReadFull(body, head[:])
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
@@ -123,7 +123,7 @@ func Inspect(body io.Reader, name, tmpDir string) (*Inspection, int64, error) {
 }
 
 // inspectStream hashes r and looks for the EICAR string across read boundaries.
-func inspectStream(r io.Reader, name string) (Object, int64, error) {
+func inspectStream(r io.Reader, name string) (object, int64, error) {
 	hs := []hash.Hash{md5.New(), sha1.New(), sha256.New()}
 	w := io.MultiWriter(hs[0], hs[1], hs[2])
 	buf := make([]byte, 64<<10)
@@ -151,10 +151,10 @@ func inspectStream(r io.Reader, name string) (Object, int64, error) {
 			break
 		}
 		if err != nil {
-			return Object{}, size, err
+			return object{}, size, err
 		}
 	}
-	return Object{
+	return object{
 		Name:     name,
 		Size:     size,
 		MD5:      hex.EncodeToString(hs[0].Sum(nil)),

@@ -19,7 +19,7 @@ import (
 )
 
 // ooxmlPart is one entry of a built Office Open XML package; a name ending in "/" is a
-// directory entry (no data), which Inspect must skip.
+// directory entry (no data), which inspect must skip.
 type ooxmlPart struct {
 	name   string
 	data   []byte
@@ -27,7 +27,7 @@ type ooxmlPart struct {
 }
 
 // ooxmlKind describes a package type: its extension, main part and main content type,
-// the parts it has besides the common ones, and the Type Inspect reports for it.
+// the parts it has besides the common ones, and the Type inspect reports for it.
 type ooxmlKind struct {
 	ext, typ           string
 	mainPart, mainType string
@@ -173,7 +173,7 @@ func hashesOf(b []byte) (md, s1, s256 string) {
 	return hex.EncodeToString(m[:]), hex.EncodeToString(a[:]), hex.EncodeToString(c[:])
 }
 
-// partType is the type Inspect reports for a part name.
+// partType is the type inspect reports for a part name.
 func partType(name string) string {
 	switch path.Ext(name) {
 	case ".xml", ".rels":
@@ -206,7 +206,7 @@ func assertDirEmpty(t *testing.T, dir string) {
 
 var ooxmlKinds = []ooxmlKind{ooxmlDOCX, ooxmlXLSX, ooxmlPPTX, ooxmlXLTX}
 
-// TestInspectOOXML checks what Inspect reports of each Office Open XML type: the file's
+// TestInspectOOXML checks what inspect reports of each Office Open XML type: the file's
 // size, hashes and type, and each non-directory part's name, size and hashes.
 func TestInspectOOXML(t *testing.T) {
 	for _, k := range ooxmlKinds {
@@ -217,34 +217,34 @@ func TestInspectOOXML(t *testing.T) {
 			}
 			dir := t.TempDir()
 			name := "sample." + k.ext
-			in, n, err := Inspect(bytes.NewReader(f.data), name, dir)
+			in, n, err := inspect(bytes.NewReader(f.data), name, dir)
 			if err != nil {
-				t.Fatalf("Inspect(%s) error = %v, want nil", name, err)
+				t.Fatalf("inspect(%s) error = %v, want nil", name, err)
 			}
 			assertDirEmpty(t, dir)
 			md, s1, s256 := hashesOf(f.data)
-			want := Object{Name: name, Size: int64(len(f.data)), Type: k.typ, MD5: md, SHA1: s1, SHA256: s256}
+			want := object{Name: name, Size: int64(len(f.data)), Type: k.typ, MD5: md, SHA1: s1, SHA256: s256}
 			got := in.File
 			got.TypeDesc = ""
 			if n != int64(len(f.data)) || got != want {
-				t.Errorf("Inspect(%s) file = %+v, %d bytes read, want %+v, %d", name, got, n, want, len(f.data))
+				t.Errorf("inspect(%s) file = %+v, %d bytes read, want %+v, %d", name, got, n, want, len(f.data))
 			}
 			if in.Corrupt || in.Infected() {
-				t.Errorf("Inspect(%s) corrupt, infected = %t, %t, want false, false", name, in.Corrupt, in.Infected())
+				t.Errorf("inspect(%s) corrupt, infected = %t, %t, want false, false", name, in.Corrupt, in.Infected())
 			}
 			if len(in.Parts) != len(f.parts) {
-				t.Fatalf("Inspect(%s) parts = %d, want %d (entries %d, directories %d)", name, len(in.Parts), len(f.parts), len(f.parts)+f.dirs, f.dirs)
+				t.Fatalf("inspect(%s) parts = %d, want %d (entries %d, directories %d)", name, len(in.Parts), len(f.parts), len(f.parts)+f.dirs, f.dirs)
 			}
 			if got, want := in.Objects(), 1+len(f.parts); got != want {
-				t.Errorf("Inspect(%s).Objects() = %d, want %d", name, got, want)
+				t.Errorf("inspect(%s).Objects() = %d, want %d", name, got, want)
 			}
 			for i, p := range f.parts {
 				md, s1, s256 := hashesOf(p.data)
-				want := Object{Name: p.name, Size: int64(len(p.data)), Type: partType(p.name), MD5: md, SHA1: s1, SHA256: s256}
+				want := object{Name: p.name, Size: int64(len(p.data)), Type: partType(p.name), MD5: md, SHA1: s1, SHA256: s256}
 				got := in.Parts[i]
 				got.TypeDesc = ""
 				if got != want {
-					t.Errorf("Inspect(%s) part %d = %+v, want %+v", name, i, got, want)
+					t.Errorf("inspect(%s) part %d = %+v, want %+v", name, i, got, want)
 				}
 			}
 		})
@@ -288,7 +288,7 @@ func TestInspectOOXMLSubmitted(t *testing.T) {
 						id, i, got.DisplayName, got.FileSize, got.SHA256, got.ScanAllResultI, got.ProgressPercent, p.name, len(p.data), s256)
 				}
 			}
-			assertDirEmpty(t, h.sim.Config().TempDir)
+			assertDirEmpty(t, h.sim.cfg.TempDir)
 		})
 	}
 }
@@ -334,15 +334,15 @@ func TestInspectEICAR(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			in, _, err := Inspect(bytes.NewReader(tt.body), "f.txt", dir)
+			in, _, err := inspect(bytes.NewReader(tt.body), "f.txt", dir)
 			if err != nil {
-				t.Fatalf("Inspect(%s) error = %v, want nil", tt.name, err)
+				t.Fatalf("inspect(%s) error = %v, want nil", tt.name, err)
 			}
 			if got := in.Infected(); got != tt.want {
-				t.Errorf("Inspect(%s).Infected() = %t, want %t", tt.name, got, tt.want)
+				t.Errorf("inspect(%s).Infected() = %t, want %t", tt.name, got, tt.want)
 			}
 			if len(in.Parts) != 0 || in.Corrupt {
-				t.Errorf("Inspect(%s) parts, corrupt = %d, %t, want 0, false", tt.name, len(in.Parts), in.Corrupt)
+				t.Errorf("inspect(%s) parts, corrupt = %d, %t, want 0, false", tt.name, len(in.Parts), in.Corrupt)
 			}
 			assertDirEmpty(t, dir)
 		})
@@ -350,21 +350,21 @@ func TestInspectEICAR(t *testing.T) {
 }
 
 // TestInspectEICARAcrossReads puts the string across every read boundary it can
-// straddle: Inspect reads 64 KiB at a time, and inspectStream must find a string split
+// straddle: inspect reads 64 KiB at a time, and inspectStream must find a string split
 // over two (or, for tiny reads, many) reads.
 func TestInspectEICARAcrossReads(t *testing.T) {
-	t.Run("Inspect, 64 KiB boundary", func(t *testing.T) {
-		// Inspect reads a 4-byte head first, so its 64 KiB reads end at 4 + k×64 KiB;
+	t.Run("inspect, 64 KiB boundary", func(t *testing.T) {
+		// inspect reads a 4-byte head first, so its 64 KiB reads end at 4 + k×64 KiB;
 		// cover both that and a plain 64 KiB boundary.
 		const boundary = 64 << 10
 		for at := boundary - len(eicar) - 8; at <= boundary+8; at++ {
 			body := withEICAR(2*boundary, at)
-			in, _, err := Inspect(bytes.NewReader(body), "f.bin", t.TempDir())
+			in, _, err := inspect(bytes.NewReader(body), "f.bin", t.TempDir())
 			if err != nil {
-				t.Fatalf("Inspect(EICAR at %d) error = %v, want nil", at, err)
+				t.Fatalf("inspect(EICAR at %d) error = %v, want nil", at, err)
 			}
 			if !in.Infected() {
-				t.Errorf("Inspect(EICAR at %d).Infected() = false, want true", at)
+				t.Errorf("inspect(EICAR at %d).Infected() = false, want true", at)
 			}
 		}
 	})
@@ -401,18 +401,18 @@ func TestInspectEICARInPart(t *testing.T) {
 		t.Fatalf("the built package holds the EICAR string uncompressed, want it only inside a deflated part")
 	}
 	dir := t.TempDir()
-	in, _, err := Inspect(bytes.NewReader(f.data), "infected.docx", dir)
+	in, _, err := inspect(bytes.NewReader(f.data), "infected.docx", dir)
 	if err != nil {
-		t.Fatalf("Inspect(infected.docx) error = %v, want nil", err)
+		t.Fatalf("inspect(infected.docx) error = %v, want nil", err)
 	}
 	assertDirEmpty(t, dir)
 	last := len(in.Parts) - 1
 	if !in.Infected() || in.File.Infected || last < 0 || !in.Parts[last].Infected || in.Parts[last].Name != "word/embeddings/readme.txt" {
-		t.Fatalf("Inspect(infected.docx) infected = %t (file %t), last part %+v, want only the embedded part infected", in.Infected(), in.File.Infected, in.Parts[last])
+		t.Fatalf("inspect(infected.docx) infected = %t (file %t), last part %+v, want only the embedded part infected", in.Infected(), in.File.Infected, in.Parts[last])
 	}
 	for _, p := range in.Parts[:last] {
 		if p.Infected {
-			t.Errorf("Inspect(infected.docx) part %s infected = true, want false", p.Name)
+			t.Errorf("inspect(infected.docx) part %s infected = true, want false", p.Name)
 		}
 	}
 
@@ -425,7 +425,7 @@ func TestInspectEICARInPart(t *testing.T) {
 		t.Errorf("GET /file/%s = %d %q %q (%q), want 1 Infected Blocked (Infected)", id, res.ScanResults.ScanAllResultI,
 			res.ScanResults.ScanAllResultA, res.ProcessInfo.Result, res.ProcessInfo.BlockedReason)
 	}
-	engines := h.sim.Config().Engines
+	engines := h.sim.cfg.Engines
 	if len(res.ScanResults.ScanDetails) != len(engines) {
 		t.Errorf("GET /file/%s scan_details = %d engines, want %d", id, len(res.ScanResults.ScanDetails), len(engines))
 	}
@@ -454,10 +454,10 @@ func TestInspectEICARInPart(t *testing.T) {
 			t.Errorf("GET /file/%s = %d %q, want 1 Blocked", id, res.ScanResults.ScanAllResultI, res.ProcessInfo.Result)
 		}
 	})
-	assertDirEmpty(t, h.sim.Config().TempDir)
+	assertDirEmpty(t, h.sim.cfg.TempDir)
 }
 
-// TestInspectCorrupt checks zip-looking files that cannot be read: Inspect reports them
+// TestInspectCorrupt checks zip-looking files that cannot be read: inspect reports them
 // corrupt without an error, removes its spool file, and the scan fails (3).
 func TestInspectCorrupt(t *testing.T) {
 	valid := ooxmlBuild(t, ooxmlDOCX).data
@@ -483,16 +483,16 @@ func TestInspectCorrupt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			in, n, err := Inspect(bytes.NewReader(tt.body), "broken.docx", dir)
+			in, n, err := inspect(bytes.NewReader(tt.body), "broken.docx", dir)
 			if err != nil {
-				t.Fatalf("Inspect(%s) error = %v, want nil", tt.name, err)
+				t.Fatalf("inspect(%s) error = %v, want nil", tt.name, err)
 			}
 			if !in.Corrupt || n != int64(len(tt.body)) {
-				t.Errorf("Inspect(%s) corrupt = %t, %d bytes, want true, %d", tt.name, in.Corrupt, n, len(tt.body))
+				t.Errorf("inspect(%s) corrupt = %t, %d bytes, want true, %d", tt.name, in.Corrupt, n, len(tt.body))
 			}
 			md, _, _ := hashesOf(tt.body)
 			if in.File.MD5 != md {
-				t.Errorf("Inspect(%s) md5 = %s, want %s", tt.name, in.File.MD5, md)
+				t.Errorf("inspect(%s) md5 = %s, want %s", tt.name, in.File.MD5, md)
 			}
 			assertDirEmpty(t, dir)
 
@@ -503,7 +503,7 @@ func TestInspectCorrupt(t *testing.T) {
 				t.Errorf("GET /file/%s (%s) = %d %q %q, want 3 Failed Blocked", id, tt.name,
 					res.ScanResults.ScanAllResultI, res.ScanResults.ScanAllResultA, res.ProcessInfo.Result)
 			}
-			assertDirEmpty(t, h.sim.Config().TempDir)
+			assertDirEmpty(t, h.sim.cfg.TempDir)
 		})
 	}
 }
@@ -524,14 +524,14 @@ func TestInspectNotZip(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			in, n, err := Inspect(bytes.NewReader(tt.body), tt.file, dir)
+			in, n, err := inspect(bytes.NewReader(tt.body), tt.file, dir)
 			if err != nil {
-				t.Fatalf("Inspect(%s) error = %v, want nil", tt.name, err)
+				t.Fatalf("inspect(%s) error = %v, want nil", tt.name, err)
 			}
 			md, s1, s256 := hashesOf(tt.body)
 			if n != int64(len(tt.body)) || len(in.Parts) != 0 || in.Objects() != 1 || in.Corrupt ||
 				in.File.Type != tt.typ || in.File.MD5 != md || in.File.SHA1 != s1 || in.File.SHA256 != s256 {
-				t.Errorf("Inspect(%s) = %d bytes, %d parts, %d objects, corrupt %t, %+v; want %d, 0, 1, false, %s %s %s %s",
+				t.Errorf("inspect(%s) = %d bytes, %d parts, %d objects, corrupt %t, %+v; want %d, 0, 1, false, %s %s %s %s",
 					tt.name, n, len(in.Parts), in.Objects(), in.Corrupt, in.File, len(tt.body), tt.typ, md, s1, s256)
 			}
 			assertDirEmpty(t, dir)
@@ -572,9 +572,9 @@ func TestInspectErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := tt.dir(t)
-			_, _, err := Inspect(tt.body, "x.xlsx", dir)
+			_, _, err := inspect(tt.body, "x.xlsx", dir)
 			if !errors.Is(err, tt.want) {
-				t.Errorf("Inspect(%s) error = %v, want %v", tt.name, err, tt.want)
+				t.Errorf("inspect(%s) error = %v, want %v", tt.name, err, tt.want)
 			}
 			if _, statErr := os.Stat(dir); statErr == nil {
 				assertDirEmpty(t, dir)

@@ -48,7 +48,7 @@ func newSimMetrics(reg prometheus.Registerer, s *Sim) *simMetrics {
 		Help: "Virtual cores of the model."}, func() float64 { return float64(s.cfg.Cores) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "speedup",
 		Help: "Virtual seconds per real second."}, func() float64 { return s.cfg.Speedup })
-	for w := Work(0); w < numWork; w++ {
+	for w := work(0); w < numWork; w++ {
 		f.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Name: "core_seconds_total",
 			Help:        "Virtual core-seconds spent, by work: scan, poll, batch_status, reject.",
 			ConstLabels: prometheus.Labels{"work": w.String()}},

@@ -7,24 +7,24 @@ import (
 	"time"
 )
 
-// Work names what a virtual core spends time on; it is the label of
+// work names what a virtual core spends time on; it is the label of
 // coresim_core_seconds_total.
-type Work int
+type work int
 
 const (
-	WorkScan        Work = iota // scanning an object with every engine
-	WorkPoll                    // answering GET /file/{data_id} or GET /hash/{hash}
-	WorkBatchStatus             // answering GET /file/batch/{batch_id}
-	WorkReject                  // refusing a request over Core's own rate limit
+	workScan        work = iota // scanning an object with every engine
+	workPoll                    // answering GET /file/{data_id} or GET /hash/{hash}
+	workBatchStatus             // answering GET /file/batch/{batch_id}
+	workReject                  // refusing a request over Core's own rate limit
 	numWork
 )
 
 // String returns the label value of w.
-func (w Work) String() string {
+func (w work) String() string {
 	return [...]string{"scan", "poll", "batch_status", "reject"}[w]
 }
 
-// Model is the resource model of the emulator: V virtual cores shared by scanning and
+// model is the resource model of the emulator: V virtual cores shared by scanning and
 // by answering requests, in virtual time.
 //
 // Capacity: in a span dv of virtual time the cores supply V × dv core-seconds. Work is
@@ -41,9 +41,9 @@ func (w Work) String() string {
 // mechanism behind the published benchmark, where unlimited polling stretched a
 // 26.9-minute workload to 45.2 minutes.
 //
-// A Model advances only when told (Advance); Run drives it from the real clock at the
+// A model advances only when told (Advance); Run drives it from the real clock at the
 // configured speed-up. All methods are safe for concurrent use.
-type Model struct {
+type model struct {
 	mu      sync.Mutex
 	cores   float64
 	fgCores float64       // cores the foreground may use, 1..cores
@@ -63,11 +63,11 @@ type Model struct {
 // charge is foreground work waiting for its core time.
 type charge struct {
 	left float64 // virtual core-seconds still owed
-	work Work
+	work work
 	paid chan struct{}
 	// decide, when set, is called (under the model's lock) once the charge is served,
 	// with the virtual instant; it names the work the charge's cost counts as.
-	decide func(at time.Duration) Work
+	decide func(at time.Duration) work
 	total  float64
 }
 
@@ -82,16 +82,16 @@ type job struct {
 	payload     any
 }
 
-// NewModel returns a model of cores virtual cores (cores > 0). onDone, if not nil, is
+// newModel returns a model of cores virtual cores (cores > 0). onDone, if not nil, is
 // called once for each job that completes, outside the model's lock.
-func NewModel(cores int, onDone func(*job)) *Model {
-	return &Model{cores: float64(cores), fgCores: float64(cores), onDone: onDone}
+func newModel(cores int, onDone func(*job)) *model {
+	return &model{cores: float64(cores), fgCores: float64(cores), onDone: onDone}
 }
 
 // SetAPIWorkers bounds the cores that foreground work may use at once to w (clamped to
 // 1..V): Core's web server answers requests with a pool of worker threads, so polls
 // queue for a worker rather than taking every core from the scans.
-func (m *Model) SetAPIWorkers(w int) {
+func (m *model) SetAPIWorkers(w int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fgCores = min(m.cores, max(1, float64(w)))
@@ -100,7 +100,7 @@ func (m *Model) SetAPIWorkers(w int) {
 // After returns a channel closed once virtual time d has passed (at the end of the
 // first Advance that reaches it). It holds no core: it models waiting, e.g. on the
 // network. d <= 0 returns a closed channel.
-func (m *Model) After(d time.Duration) <-chan struct{} {
+func (m *model) After(d time.Duration) <-chan struct{} {
 	c := make(chan struct{})
 	if d <= 0 {
 		close(c)
@@ -132,7 +132,7 @@ func (h *timerHeap) Pop() any {
 }
 
 // Now returns the virtual time elapsed since the model started.
-func (m *Model) Now() time.Duration {
+func (m *model) Now() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.vnow
@@ -140,7 +140,7 @@ func (m *Model) Now() time.Duration {
 
 // Enqueue adds a scan of cost virtual core-seconds at the tail of the scan queue and
 // returns it.
-func (m *Model) Enqueue(cost float64, payload any) *job {
+func (m *model) Enqueue(cost float64, payload any) *job {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	j := &job{total: cost, left: cost, queued: m.vnow, started: -1, payload: payload}
@@ -150,7 +150,7 @@ func (m *Model) Enqueue(cost float64, payload any) *job {
 
 // Cancel removes j from the scan queue or from the running set. It reports whether j
 // was still pending.
-func (m *Model) Cancel(j *job) bool {
+func (m *model) Cancel(j *job) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if j.left <= 0 || j.canceled {
@@ -174,7 +174,7 @@ func (m *Model) Cancel(j *job) bool {
 
 // Charge books cost virtual core-seconds of foreground work and returns a channel
 // closed once the cores have served it.
-func (m *Model) Charge(w Work, cost float64) <-chan struct{} {
+func (m *model) Charge(w work, cost float64) <-chan struct{} {
 	c := &charge{left: cost, work: w, paid: make(chan struct{})}
 	if cost <= 0 {
 		close(c.paid)
@@ -189,9 +189,9 @@ func (m *Model) Charge(w Work, cost float64) <-chan struct{} {
 // Admit books cost virtual core-seconds of foreground work, a request being received
 // and checked by one of Core's web server workers, whose kind is decided when it is
 // served: decide gets the virtual instant at which its core time was served (precise
-// within a step) and returns the Work the cost counts as. decide runs under the
+// within a step) and returns the work the cost counts as. decide runs under the
 // model's lock: it must not call the model. The channel is closed after decide ran.
-func (m *Model) Admit(cost float64, decide func(at time.Duration) Work) <-chan struct{} {
+func (m *model) Admit(cost float64, decide func(at time.Duration) work) <-chan struct{} {
 	c := &charge{left: cost, total: max(0, cost), decide: decide, paid: make(chan struct{})}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -206,7 +206,7 @@ func (m *Model) Admit(cost float64, decide func(at time.Duration) Work) <-chan s
 
 // Progress returns j's state: the fraction of its work done (0..1), whether it is
 // still queued and how many scans are ahead of it in the queue.
-func (m *Model) Progress(j *job) (done float64, queued bool, ahead int) {
+func (m *model) Progress(j *job) (done float64, queued bool, ahead int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if j.total > 0 {
@@ -224,7 +224,7 @@ func (m *Model) Progress(j *job) (done float64, queued bool, ahead int) {
 }
 
 // Times returns j's queue time and processing time so far, in virtual time.
-func (m *Model) Times(j *job) (queue, processing time.Duration) {
+func (m *model) Times(j *job) (queue, processing time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	end := m.vnow
@@ -238,7 +238,7 @@ func (m *Model) Times(j *job) (queue, processing time.Duration) {
 }
 
 // QueueLen returns the number of scans waiting for a core.
-func (m *Model) QueueLen() int {
+func (m *model) QueueLen() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.queue.Len()
@@ -246,7 +246,7 @@ func (m *Model) QueueLen() int {
 
 // Load returns the scans in progress, the cores busy during the last step (0..V) and
 // the virtual core-seconds spent so far by each kind of work.
-func (m *Model) Load() (running int, busy float64, spent [numWork]float64) {
+func (m *model) Load() (running int, busy float64, spent [numWork]float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.running), m.busy, m.spent
@@ -254,7 +254,7 @@ func (m *Model) Load() (running int, busy float64, spent [numWork]float64) {
 
 // Advance moves the model dv of virtual time forward: it serves foreground charges
 // first, then the scans, and completes what finished.
-func (m *Model) Advance(dv time.Duration) {
+func (m *model) Advance(dv time.Duration) {
 	if dv <= 0 {
 		return
 	}
@@ -298,7 +298,7 @@ func (m *Model) Advance(dv time.Duration) {
 			pay := min(j.left, share)
 			j.left -= pay
 			used += pay
-			m.spent[WorkScan] += pay
+			m.spent[workScan] += pay
 			if j.left <= 1e-12 {
 				j.left = 0
 				j.finished = m.vnow + dv

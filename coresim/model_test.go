@@ -36,16 +36,16 @@ func modelSpentTotal(spent [numWork]float64) float64 {
 
 func TestWorkString(t *testing.T) {
 	for _, tc := range []struct {
-		w    Work
+		w    work
 		want string
 	}{
-		{WorkScan, "scan"},
-		{WorkPoll, "poll"},
-		{WorkBatchStatus, "batch_status"},
-		{WorkReject, "reject"},
+		{workScan, "scan"},
+		{workPoll, "poll"},
+		{workBatchStatus, "batch_status"},
+		{workReject, "reject"},
 	} {
 		if got := tc.w.String(); got != tc.want {
-			t.Errorf("Work(%d).String() = %q, want %q", int(tc.w), got, tc.want)
+			t.Errorf("work(%d).String() = %q, want %q", int(tc.w), got, tc.want)
 		}
 	}
 }
@@ -85,21 +85,21 @@ func TestModelCapacity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			done := 0
-			m := NewModel(tc.cores, func(*job) { done++ })
+			m := newModel(tc.cores, func(*job) { done++ })
 			for _, c := range tc.jobs {
 				m.Enqueue(c, nil)
 			}
 			for _, c := range tc.charges {
-				m.Charge(WorkPoll, c)
+				m.Charge(workPoll, c)
 			}
 			m.Advance(tc.dv)
 
 			running, busy, spent := m.Load()
-			if !modelNear(spent[WorkScan], tc.wantScan) {
-				t.Errorf("spent[scan] after Advance(%v) = %v, want %v", tc.dv, spent[WorkScan], tc.wantScan)
+			if !modelNear(spent[workScan], tc.wantScan) {
+				t.Errorf("spent[scan] after Advance(%v) = %v, want %v", tc.dv, spent[workScan], tc.wantScan)
 			}
-			if !modelNear(spent[WorkPoll], tc.wantPoll) {
-				t.Errorf("spent[poll] after Advance(%v) = %v, want %v", tc.dv, spent[WorkPoll], tc.wantPoll)
+			if !modelNear(spent[workPoll], tc.wantPoll) {
+				t.Errorf("spent[poll] after Advance(%v) = %v, want %v", tc.dv, spent[workPoll], tc.wantPoll)
 			}
 			if capacity := float64(tc.cores) * tc.dv.Seconds(); modelSpentTotal(spent) > capacity+1e-9 {
 				t.Errorf("core-seconds spent in Advance(%v) = %v, want at most %d cores × %v = %v",
@@ -125,15 +125,15 @@ func TestModelCapacity(t *testing.T) {
 }
 
 func TestModelAdvanceNothing(t *testing.T) {
-	m := NewModel(2, nil)
+	m := newModel(2, nil)
 	m.Enqueue(1, nil)
 	for _, dv := range []time.Duration{0, -time.Second} {
 		m.Advance(dv)
 		if got := m.Now(); got != 0 {
 			t.Errorf("Now() after Advance(%v) = %v, want 0", dv, got)
 		}
-		if running, _, spent := m.Load(); running != 0 || spent[WorkScan] != 0 {
-			t.Errorf("Load() after Advance(%v) = %d running, %v spent, want 0, 0", dv, running, spent[WorkScan])
+		if running, _, spent := m.Load(); running != 0 || spent[workScan] != 0 {
+			t.Errorf("Load() after Advance(%v) = %d running, %v spent, want 0, 0", dv, running, spent[workScan])
 		}
 	}
 }
@@ -155,10 +155,10 @@ func TestModelChargePaid(t *testing.T) {
 		{"zero cost is paid at once", 1, 100 * time.Millisecond, []float64{0, 0.1, 0}, []int{0, 1, 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewModel(tc.cores, nil)
+			m := newModel(tc.cores, nil)
 			var chans []<-chan struct{}
 			for _, c := range tc.charges {
-				chans = append(chans, m.Charge(WorkPoll, c))
+				chans = append(chans, m.Charge(workPoll, c))
 			}
 			last := slices.Max(tc.paidStep)
 			for step := 0; step <= last+1; step++ {
@@ -176,8 +176,8 @@ func TestModelChargePaid(t *testing.T) {
 			for _, c := range tc.charges {
 				total += c
 			}
-			if !modelNear(spent[WorkPoll], total) {
-				t.Errorf("spent[poll] = %v, want the charges' sum %v", spent[WorkPoll], total)
+			if !modelNear(spent[workPoll], total) {
+				t.Errorf("spent[poll] = %v, want the charges' sum %v", spent[workPoll], total)
 			}
 		})
 	}
@@ -186,11 +186,11 @@ func TestModelChargePaid(t *testing.T) {
 // TestModelForegroundBeforeScans checks that a scan gets no core time while the
 // foreground takes every core, and gets what the foreground leaves once it is paid.
 func TestModelForegroundBeforeScans(t *testing.T) {
-	m := NewModel(1, nil)
+	m := newModel(1, nil)
 	j := m.Enqueue(1, nil)
 	var chans []<-chan struct{}
 	for range 10 {
-		chans = append(chans, m.Charge(WorkPoll, 0.1))
+		chans = append(chans, m.Charge(workPoll, 0.1))
 	}
 	for step := 1; step <= 10; step++ {
 		m.Advance(100 * time.Millisecond)
@@ -208,7 +208,7 @@ func TestModelForegroundBeforeScans(t *testing.T) {
 		t.Errorf("scan progress after the foreground = %v, want 0.1", done)
 	}
 	// A charge booked while the scan runs is served before it, in that step.
-	ch := m.Charge(WorkBatchStatus, 0.04)
+	ch := m.Charge(workBatchStatus, 0.04)
 	m.Advance(100 * time.Millisecond)
 	if !modelPaid(ch) {
 		t.Errorf("charge of 0.04 core-s paid after a 100 ms step on 1 core = false, want true")
@@ -221,12 +221,12 @@ func TestModelForegroundBeforeScans(t *testing.T) {
 // TestModelSharing checks that scans share what the foreground leaves equally, one
 // core at most each, and that the others wait in the queue.
 func TestModelSharing(t *testing.T) {
-	m := NewModel(4, nil)
+	m := newModel(4, nil)
 	var jobs []*job
 	for range 6 {
 		jobs = append(jobs, m.Enqueue(2, nil))
 	}
-	m.Charge(WorkPoll, 1)
+	m.Charge(workPoll, 1)
 	m.Advance(time.Second)
 	for i, j := range jobs {
 		done, queued, ahead := m.Progress(j)
@@ -252,7 +252,7 @@ func TestModelSharing(t *testing.T) {
 // TestModelFIFO checks that queued scans start in arrival order.
 func TestModelFIFO(t *testing.T) {
 	var order []int
-	m := NewModel(1, func(j *job) { order = append(order, j.payload.(int)) })
+	m := newModel(1, func(j *job) { order = append(order, j.payload.(int)) })
 	var jobs []*job
 	for i := range 5 {
 		jobs = append(jobs, m.Enqueue(0.1, i))
@@ -279,7 +279,7 @@ func TestModelFIFO(t *testing.T) {
 // QueueLen and Load.
 func TestModelProgressTimes(t *testing.T) {
 	var finished []time.Duration
-	m := NewModel(1, func(j *job) { finished = append(finished, j.finished) })
+	m := newModel(1, func(j *job) { finished = append(finished, j.finished) })
 	a := m.Enqueue(1, "a")
 	b := m.Enqueue(1, "b")
 
@@ -303,8 +303,8 @@ func TestModelProgressTimes(t *testing.T) {
 			t.Errorf("%s: Times(%s) = %v, %v, want %v, %v", when, name, q, p, want.queue, want.proc)
 		}
 		running, busy, spent := m.Load()
-		if running != want.running || !modelNear(busy, want.busy) || !modelNear(spent[WorkScan], want.scanned) {
-			t.Errorf("%s: Load() = %d, %v, %v, want %d, %v, %v", when, running, busy, spent[WorkScan], want.running, want.busy, want.scanned)
+		if running != want.running || !modelNear(busy, want.busy) || !modelNear(spent[workScan], want.scanned) {
+			t.Errorf("%s: Load() = %d, %v, %v, want %d, %v, %v", when, running, busy, spent[workScan], want.running, want.busy, want.scanned)
 		}
 		if got := m.QueueLen(); got != want.queueLen {
 			t.Errorf("%s: QueueLen() = %d, want %d", when, got, want.queueLen)
@@ -345,7 +345,7 @@ func TestModelProgressTimes(t *testing.T) {
 func TestModelCancel(t *testing.T) {
 	t.Run("queued", func(t *testing.T) {
 		var done []string
-		m := NewModel(1, func(j *job) { done = append(done, j.payload.(string)) })
+		m := newModel(1, func(j *job) { done = append(done, j.payload.(string)) })
 		a := m.Enqueue(1, "a")
 		b := m.Enqueue(1, "b")
 		c := m.Enqueue(1, "c")
@@ -368,8 +368,8 @@ func TestModelCancel(t *testing.T) {
 		if want := []string{"a", "c"}; !slices.Equal(done, want) {
 			t.Errorf("completed = %v, want %v", done, want)
 		}
-		if _, _, spent := m.Load(); !modelNear(spent[WorkScan], 2) {
-			t.Errorf("spent[scan] = %v, want 2 (b never scanned)", spent[WorkScan])
+		if _, _, spent := m.Load(); !modelNear(spent[workScan], 2) {
+			t.Errorf("spent[scan] = %v, want 2 (b never scanned)", spent[workScan])
 		}
 		if m.Cancel(a) {
 			t.Errorf("Cancel(completed a) = true, want false")
@@ -377,7 +377,7 @@ func TestModelCancel(t *testing.T) {
 	})
 	t.Run("running", func(t *testing.T) {
 		var done []string
-		m := NewModel(2, func(j *job) { done = append(done, j.payload.(string)) })
+		m := newModel(2, func(j *job) { done = append(done, j.payload.(string)) })
 		a := m.Enqueue(1, "a")
 		m.Enqueue(1, "b")
 		c := m.Enqueue(1, "c")
@@ -401,8 +401,8 @@ func TestModelCancel(t *testing.T) {
 		if want := []string{"b", "c"}; !slices.Equal(done, want) {
 			t.Errorf("completed = %v, want %v", done, want)
 		}
-		if _, _, spent := m.Load(); !modelNear(spent[WorkScan], 2.5) {
-			t.Errorf("spent[scan] = %v, want 2.5 (half of a, all of b and c)", spent[WorkScan])
+		if _, _, spent := m.Load(); !modelNear(spent[workScan], 2.5) {
+			t.Errorf("spent[scan] = %v, want 2.5 (half of a, all of b and c)", spent[workScan])
 		}
 	})
 }
@@ -414,15 +414,15 @@ func TestModelSpentAddsUp(t *testing.T) {
 	const cores = 3
 	const step = 50 * time.Millisecond
 	completed := 0
-	m := NewModel(cores, func(*job) { completed++ })
+	m := newModel(cores, func(*job) { completed++ })
 	costs := []float64{0.7, 1.3, 2, 0.05, 3.3, 1, 0.45, 2.2}
 	var want [numWork]float64
 	for _, c := range costs {
 		m.Enqueue(c, nil)
-		want[WorkScan] += c
+		want[workScan] += c
 	}
 	var chans []<-chan struct{}
-	charge := func(w Work, c float64) {
+	charge := func(w work, c float64) {
 		chans = append(chans, m.Charge(w, c))
 		want[w] += c
 	}
@@ -430,12 +430,12 @@ func TestModelSpentAddsUp(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		switch i % 7 {
 		case 0:
-			charge(WorkPoll, 0.003*float64(i%5+1))
+			charge(workPoll, 0.003*float64(i%5+1))
 		case 3:
-			charge(WorkReject, 0.0004)
+			charge(workReject, 0.0004)
 		case 5:
 			if i < 100 {
-				charge(WorkBatchStatus, 0.2)
+				charge(workBatchStatus, 0.2)
 			}
 		}
 		m.Advance(step)
@@ -459,7 +459,7 @@ func TestModelSpentAddsUp(t *testing.T) {
 			t.Errorf("charge %d paid = false, want true", i)
 		}
 	}
-	for w := Work(0); w < numWork; w++ {
+	for w := work(0); w < numWork; w++ {
 		if !modelNear(spent[w], want[w]) {
 			t.Errorf("spent[%v] = %v, want %v", w, spent[w], want[w])
 		}
@@ -472,9 +472,9 @@ func TestModelSpentAddsUp(t *testing.T) {
 // TestModelOnDoneUnlocked checks that the completion hook runs outside the model's
 // lock, so that it may read the model (the emulator's hook does).
 func TestModelOnDoneUnlocked(t *testing.T) {
-	var m *Model
+	var m *model
 	var got []string
-	m = NewModel(1, func(j *job) {
+	m = newModel(1, func(j *job) {
 		done, _, _ := m.Progress(j)
 		got = append(got, fmt.Sprintf("%v %v %d", m.Now(), done, m.QueueLen()))
 	})
@@ -502,7 +502,7 @@ type modelSeedRun struct {
 	spent            [numWork]float64
 }
 
-// modelReplaySeed replays the seed's test steps on a Model in steps of 100 ms of
+// modelReplaySeed replays the seed's test steps on a model in steps of 100 ms of
 // virtual time: turns of 10 submissions of objects objects a second until files are
 // submitted and, when poll is true, every 5 s a poll of every file whose complete
 // result the pollers do not have yet (and whose last poll was answered). A poll costs
@@ -521,7 +521,7 @@ func modelReplaySeed(t *testing.T, cfg Config, files, objects int, poll bool, li
 	}
 	var fs []*file
 	completed := 0
-	m := NewModel(cfg.Cores, func(j *job) {
+	m := newModel(cfg.Cores, func(j *job) {
 		j.payload.(*file).complete = true
 		completed++
 	})
@@ -554,7 +554,7 @@ func modelReplaySeed(t *testing.T, cfg Config, files, objects int, poll bool, li
 					continue
 				}
 				if lim != nil && !lim.AllowN(epoch.Add(m.Now()), 1) {
-					f.answer, f.answerComplete = m.Charge(WorkReject, cfg.RejectCost.Seconds()), false
+					f.answer, f.answerComplete = m.Charge(workReject, cfg.RejectCost.Seconds()), false
 					out.rejected++
 					continue
 				}
@@ -565,7 +565,7 @@ func modelReplaySeed(t *testing.T, cfg Config, files, objects int, poll bool, li
 				}
 				entries := max(1, scanned) * len(cfg.Engines)
 				c := cfg.PollCostBase + time.Duration(entries)*cfg.PollCostEntry
-				f.answer, f.answerComplete = m.Charge(WorkPoll, c.Seconds()), f.complete
+				f.answer, f.answerComplete = m.Charge(workPoll, c.Seconds()), f.complete
 				out.served++
 			}
 		}
@@ -594,11 +594,11 @@ func TestModelPollingSlowsScanning(t *testing.T) {
 	polled := modelReplaySeed(t, cfg, files, objects, true, 0)
 	capped := modelReplaySeed(t, cfg, files, objects, true, 1)
 	t.Logf("no polls: %v; polls every 5 s: %v (%d polls, %.1f core-s); limit 1/s: %v (%d served, %d rejected, %.3f core-s)",
-		none.duration, polled.duration, polled.served, polled.spent[WorkPoll],
-		capped.duration, capped.served, capped.rejected, capped.spent[WorkReject])
+		none.duration, polled.duration, polled.served, polled.spent[workPoll],
+		capped.duration, capped.served, capped.rejected, capped.spent[workReject])
 
-	if wantScan := files * objects * cfg.ScanCostObject.Seconds(); !modelNear(none.spent[WorkScan], wantScan) || !modelNear(polled.spent[WorkScan], wantScan) {
-		t.Errorf("spent[scan] = %v and %v, want %v in both runs", none.spent[WorkScan], polled.spent[WorkScan], wantScan)
+	if wantScan := files * objects * cfg.ScanCostObject.Seconds(); !modelNear(none.spent[workScan], wantScan) || !modelNear(polled.spent[workScan], wantScan) {
+		t.Errorf("spent[scan] = %v and %v, want %v in both runs", none.spent[workScan], polled.spent[workScan], wantScan)
 	}
 	if min := time.Duration(float64(none.duration) * 1.2); polled.duration < min {
 		t.Errorf("duration with polls answered at will = %v, want at least %v (+20%% over %v)", polled.duration, min, none.duration)
@@ -609,7 +609,7 @@ func TestModelPollingSlowsScanning(t *testing.T) {
 	if total := capped.served + capped.rejected; capped.rejected < total*9/10 {
 		t.Errorf("polls under Core's limit of 1/s: %d rejected of %d, want at least 90%%", capped.rejected, total)
 	}
-	if want := float64(capped.rejected) * cfg.RejectCost.Seconds(); !modelNear(capped.spent[WorkReject], want) {
-		t.Errorf("spent[reject] = %v, want %d × %v = %v", capped.spent[WorkReject], capped.rejected, cfg.RejectCost, want)
+	if want := float64(capped.rejected) * cfg.RejectCost.Seconds(); !modelNear(capped.spent[workReject], want) {
+		t.Errorf("spent[reject] = %v, want %d × %v = %v", capped.spent[workReject], capped.rejected, cfg.RejectCost, want)
 	}
 }

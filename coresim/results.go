@@ -102,9 +102,9 @@ type extractedFiles struct {
 	FilesInArchive      []extractedFile `json:"files_in_archive"`
 }
 
-// AnalysisResult is the JSON of GET /file/{data_id}, of a hash look-up and of a
+// analysisResult is the JSON of GET /file/{data_id}, of a hash look-up and of a
 // callback: the spec's AnalysisResult plus extracted_files for archives.
-type AnalysisResult struct {
+type analysisResult struct {
 	DataID         string          `json:"data_id"`
 	FileInfo       fileInfo        `json:"file_info"`
 	ScanResults    scanResults     `json:"scan_results"`
@@ -113,9 +113,9 @@ type AnalysisResult struct {
 	Metadata       string          `json:"metadata,omitempty"`
 }
 
-// analysisResult builds sc's result now, and returns it with its number of entries
+// resultOf builds sc's result now, and returns it with its number of entries
 // (objects reported × engines), the measure of what it costs Core to answer.
-func (s *Sim) analysisResult(sc *scan) (*AnalysisResult, int) {
+func (s *Sim) resultOf(sc *scan) (*analysisResult, int) {
 	done, queued, ahead := s.model.Progress(sc.job)
 	queueTime, procTime := s.model.Times(sc.job)
 	s.mu.Lock()
@@ -179,7 +179,7 @@ func (s *Sim) analysisResult(sc *scan) (*AnalysisResult, int) {
 			details[e] = rep
 		}
 	}
-	res := &AnalysisResult{
+	res := &analysisResult{
 		DataID: sc.id,
 		FileInfo: fileInfo{
 			DisplayName: sc.name, FileSize: in.File.Size,
@@ -274,7 +274,7 @@ func (a *api) batchStatus(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "Not found")
 		return
 	}
-	if s.wait(r.Context(), WorkBatchStatus, s.cfg.PollCostBase+time.Duration(n)*s.cfg.BatchCostFile) {
+	if s.wait(r.Context(), workBatchStatus, s.cfg.PollCostBase+time.Duration(n)*s.cfg.BatchCostFile) {
 		s.m.fetches.WithLabelValues("batch_status", "served").Inc()
 		writeJSON(w, http.StatusOK, res)
 	}
@@ -329,8 +329,8 @@ type batchFile struct {
 	} `json:"process_info"`
 }
 
-// BatchResponse is the JSON of a batch status (the spec's BatchResponse).
-type BatchResponse struct {
+// batchResponse is the JSON of a batch status (the spec's BatchResponse).
+type batchResponse struct {
 	BatchID    string `json:"batch_id"`
 	IsClosed   bool   `json:"is_closed"`
 	UserData   string `json:"user_data,omitempty"`
@@ -359,7 +359,7 @@ type BatchResponse struct {
 
 // batchResult builds the status page of batch id from index first; n is the number of
 // files on the page.
-func (s *Sim) batchResult(id string, first int) (res *BatchResponse, n int, ok bool) {
+func (s *Sim) batchResult(id string, first int) (res *batchResponse, n int, ok bool) {
 	s.mu.Lock()
 	b := s.batches[id]
 	var files []*scan
@@ -372,16 +372,16 @@ func (s *Sim) batchResult(id string, first int) (res *BatchResponse, n int, ok b
 	if b == nil {
 		return nil, 0, false
 	}
-	res = &BatchResponse{BatchID: b.id, IsClosed: closed, UserData: b.userData}
+	res = &batchResponse{BatchID: b.id, IsClosed: closed, UserData: b.userData}
 	res.BatchFiles.BatchCount = len(files)
 	res.BatchFiles.FirstIndex = first
 	res.BatchFiles.PageSize = batchPageSize
 	res.BatchFiles.FilesInBatch = []batchFile{}
 	overall, allDone := resultClean, true
 	// Each file's result is built once: for the batch's overall verdict and the page.
-	results := make([]*AnalysisResult, len(files))
+	results := make([]*analysisResult, len(files))
 	for k, sc := range files {
-		r, _ := s.analysisResult(sc)
+		r, _ := s.resultOf(sc)
 		results[k] = r
 		i := r.ScanResults.ScanAllResultI
 		if i == resultInProgress {

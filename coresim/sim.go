@@ -12,12 +12,12 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Sim is the emulator: Core's API (Handler) over the resource model (Model), a store of
+// Sim is the emulator: Core's API (Handler) over the resource model, a store of
 // scans and batches, Core's own fetch rate limit and callback delivery. Build it with
 // New, serve Handler, and Run it. All methods are safe for concurrent use.
 type Sim struct {
 	cfg   Config
-	model *Model
+	model *model
 	epoch time.Time // wall time of virtual time 0, for timestamps
 
 	mu       sync.Mutex
@@ -36,7 +36,7 @@ type Sim struct {
 // scan is one submission.
 type scan struct {
 	id          string
-	in          *Inspection
+	in          *inspection
 	name        string
 	userAgent   string
 	rule        string
@@ -63,7 +63,7 @@ type batch struct {
 
 // New returns an emulator for cfg, with its metrics registered on reg (nil: none).
 func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
-	if err := cfg.Validate(nil); err != nil {
+	if err := cfg.validate(nil); err != nil {
 		return nil, err
 	}
 	s := &Sim{
@@ -74,7 +74,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 		batches:  map[string]*batch{},
 		sessions: map[string]bool{},
 	}
-	s.model = NewModel(cfg.Cores, s.scanDone)
+	s.model = newModel(cfg.Cores, s.scanDone)
 	s.model.SetAPIWorkers(cfg.APIWorkers)
 	if cfg.FetchLimit > 0 {
 		s.fetch = &fetchLimit{lim: rate.NewLimiter(rate.Limit(cfg.FetchLimit), cfg.FetchBurst), wait: cfg.FetchWait}
@@ -110,16 +110,10 @@ func (f *fetchLimit) ReserveAt(now time.Time) (delay time.Duration, ok bool) {
 	return f.lim.ReserveN(now, 1).DelayFrom(now), true
 }
 
-// Model returns the emulator's resource model.
-func (s *Sim) Model() *Model { return s.model }
-
-// Config returns the emulator's configuration.
-func (s *Sim) Config() Config { return s.cfg }
-
 // Run delivers callbacks until ctx ends and, when drive is true, advances the model
-// from the real clock: every Tick, by the real time elapsed × Speedup. Tests that drive
-// the model themselves (Advance) pass drive=false. Run returns when ctx ends, after
-// its goroutines have stopped.
+// from the real clock: every Tick, by the real time elapsed × Speedup. With drive
+// false virtual time stands still (this package's tests advance it by hand, for exact
+// checks). Run returns when ctx ends, after its goroutines have stopped.
 func (s *Sim) Run(ctx context.Context, drive bool) {
 	var wg sync.WaitGroup
 	for range s.cfg.CallbackWorkers {
@@ -141,7 +135,7 @@ func (s *Sim) Run(ctx context.Context, drive bool) {
 			case now := <-t.C:
 				dv := time.Duration(float64(now.Sub(last)) * s.cfg.Speedup)
 				last = now
-				s.Advance(dv)
+				s.advance(dv)
 			}
 		}
 	}
@@ -149,9 +143,9 @@ func (s *Sim) Run(ctx context.Context, drive bool) {
 	wg.Wait()
 }
 
-// Advance moves virtual time dv forward: the model serves work, completed scans get
+// advance moves virtual time dv forward: the model serves work, completed scans get
 // their results, callbacks fall due, and results past their retention are dropped.
-func (s *Sim) Advance(dv time.Duration) {
+func (s *Sim) advance(dv time.Duration) {
 	s.model.Advance(dv)
 	now := s.model.Now()
 	s.cb.dispatch(now)
@@ -204,7 +198,7 @@ func (s *Sim) expire(now time.Duration) {
 }
 
 // scanCost is the virtual core time of scanning every object of in.
-func (s *Sim) scanCost(in *Inspection) float64 {
+func (s *Sim) scanCost(in *inspection) float64 {
 	var bytes int64 = in.File.Size
 	for _, p := range in.Parts {
 		bytes += p.Size
@@ -215,7 +209,7 @@ func (s *Sim) scanCost(in *Inspection) float64 {
 
 // wait blocks until the cores have served cost of foreground work w, or ctx ends. It
 // reports whether the work was served.
-func (s *Sim) wait(ctx context.Context, w Work, cost time.Duration) bool {
+func (s *Sim) wait(ctx context.Context, w work, cost time.Duration) bool {
 	select {
 	case <-s.model.Charge(w, coreSeconds(cost)):
 		return true

@@ -185,7 +185,7 @@ func (r *rig) awaitAnswer(ch <-chan rigResponse, booked int, step time.Duration)
 			}
 		})
 		if !answered {
-			r.sim.Advance(step)
+			r.sim.advance(step)
 		}
 	}
 	if resp.err != nil {
@@ -195,7 +195,7 @@ func (r *rig) awaitAnswer(ch <-chan rigResponse, booked int, step time.Duration)
 }
 
 // rigPending returns the number of foreground charges not yet paid.
-func rigPending(m *Model) int {
+func rigPending(m *model) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.fg.Len()
@@ -297,7 +297,7 @@ func TestBoundedGoroutines(t *testing.T) {
 	if after > before+3 {
 		t.Errorf("goroutines after %d more queued files = %d, want at most %d + 3 (none a file)", files, after, before)
 	}
-	if got, want := r.sim.Model().QueueLen(), files+21; got != want {
+	if got, want := r.sim.model.QueueLen(), files+21; got != want {
 		t.Errorf("QueueLen() = %d, want %d", got, want)
 	}
 	if got := r.metric("coresim_queue_files"); got != files+21 {
@@ -326,7 +326,7 @@ func TestQueueSize(t *testing.T) {
 		t.Errorf(`coresim_submissions_total{result="busy"} = %v, want 1`, got)
 	}
 	// One step moves two files to the cores: room for two more, not three.
-	r.sim.Advance(10 * time.Millisecond)
+	r.sim.advance(10 * time.Millisecond)
 	for i := range 2 {
 		if code, msg := r.submit([]byte(fmt.Sprintf("again %d", i)), nil); code != http.StatusOK {
 			t.Errorf("POST /file %d after 2 files left the queue = %d %q, want 200", i, code, msg)
@@ -369,9 +369,9 @@ func TestQueueSizeConcurrent(t *testing.T) {
 			t.Errorf("POST /file = %d, want 200 or 503", c)
 		}
 	}
-	if ok != cfg.QueueSize || r.sim.Model().QueueLen() != cfg.QueueSize {
+	if ok != cfg.QueueSize || r.sim.model.QueueLen() != cfg.QueueSize {
 		t.Errorf("%d concurrent POST /file with CORESIM_QUEUE_SIZE=%d: %d accepted, %d queued, want %d and %d",
-			senders, cfg.QueueSize, ok, r.sim.Model().QueueLen(), cfg.QueueSize, cfg.QueueSize)
+			senders, cfg.QueueSize, ok, r.sim.model.QueueLen(), cfg.QueueSize, cfg.QueueSize)
 	}
 }
 
@@ -383,36 +383,36 @@ func TestRetention(t *testing.T) {
 	r := newRig(t, cfg)
 	body := []byte("kept for a minute")
 	id := r.mustSubmit(body, nil)
-	var res AnalysisResult
+	var res analysisResult
 	r.get("/file/"+id, &res)
 	md5 := res.FileInfo.MD5
 
 	step := 100 * time.Millisecond
 	for r.get("/file/"+id, &res); res.ProcessInfo.ProgressPercent != 100; r.get("/file/"+id, &res) {
-		if r.sim.Model().Now() > time.Minute {
+		if r.sim.model.Now() > time.Minute {
 			t.Fatalf("GET /file/%s progress after 1 min = %d, want 100", id, res.ProcessInfo.ProgressPercent)
 		}
-		r.sim.Advance(step)
+		r.sim.advance(step)
 	}
-	finished := r.sim.Model().Now()
-	r.sim.Advance(10 * time.Second)
+	finished := r.sim.model.Now()
+	r.sim.advance(10 * time.Second)
 	other := r.mustSubmit([]byte("submitted 10 s later"), nil)
-	for r.sim.Model().Now() < finished+cfg.Retention-step {
-		r.sim.Advance(step)
+	for r.sim.model.Now() < finished+cfg.Retention-step {
+		r.sim.advance(step)
 	}
 	if code := r.get("/file/"+id, nil); code != http.StatusOK {
-		t.Errorf("GET /file/{id} at age %v < retention %v = %d, want 200", r.sim.Model().Now()-finished, cfg.Retention, code)
+		t.Errorf("GET /file/{id} at age %v < retention %v = %d, want 200", r.sim.model.Now()-finished, cfg.Retention, code)
 	}
 	var hit map[string]any
 	if r.get("/hash/"+md5, &hit); hit["data_id"] != id {
 		t.Errorf("GET /hash/{md5} at age < retention = %v, want the result of %s", hit, id)
 	}
 
-	r.sim.Advance(2 * step)
+	r.sim.advance(2 * step)
 	var notFound map[string]string
 	if code := r.get("/file/"+id, &notFound); code != http.StatusNotFound || notFound["err"] != "Not found" {
 		t.Errorf("GET /file/{id} at age %v > retention %v = %d %v, want 404 {\"err\":\"Not found\"}",
-			r.sim.Model().Now()-finished, cfg.Retention, code, notFound)
+			r.sim.model.Now()-finished, cfg.Retention, code, notFound)
 	}
 	var miss map[string]string
 	if code := r.get("/hash/"+md5, &miss); code != http.StatusOK || miss[md5] != "Not Found" {
@@ -457,7 +457,7 @@ func TestMetrics(t *testing.T) {
 		if got := r.metric("coresim_core_seconds_total", "work", "scan"); !modelNear(got, w.scan) {
 			t.Errorf(`%s: coresim_core_seconds_total{work="scan"} = %v, want %v`, when, got, w.scan)
 		}
-		if got, want := r.metric("coresim_virtual_seconds"), r.sim.Model().Now().Seconds(); got != want {
+		if got, want := r.metric("coresim_virtual_seconds"), r.sim.model.Now().Seconds(); got != want {
 			t.Errorf("%s: coresim_virtual_seconds = %v, want %v", when, got, want)
 		}
 	}
@@ -482,15 +482,15 @@ func TestMetrics(t *testing.T) {
 		t.Errorf(`coresim_submissions_total{result="accepted"} = %v, want 3`, got)
 	}
 
-	r.sim.Advance(500 * time.Millisecond) // a and b scan, c waits
+	r.sim.advance(500 * time.Millisecond) // a and b scan, c waits
 	check("at 0.5 s", want{queue: 1, scanning: 2, busy: 2, scan: 1})
-	r.sim.Advance(500 * time.Millisecond) // b done
+	r.sim.advance(500 * time.Millisecond) // b done
 	check("at 1 s", want{queue: 1, scanning: 1, busy: 2, completed: 1, objects: 1, scan: 2})
-	r.sim.Advance(time.Second) // c starts and ends, a at 2 of 5
+	r.sim.advance(time.Second) // c starts and ends, a at 2 of 5
 	check("at 2 s", want{scanning: 1, busy: 2, completed: 2, objects: 2, scan: 4})
-	r.sim.Advance(3 * time.Second) // a ends: 3 core-s in 3 s
+	r.sim.advance(3 * time.Second) // a ends: 3 core-s in 3 s
 	check("at 5 s", want{busy: 1, completed: 3, objects: 7, scan: 7})
-	r.sim.Advance(time.Second)
+	r.sim.advance(time.Second)
 	check("idle", want{completed: 3, objects: 7, scan: 7})
 
 	step := 10 * time.Millisecond
@@ -528,7 +528,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	// Rejections book core time that nobody waits for: it is spent at the next step.
-	r.sim.Advance(10 * time.Millisecond)
+	r.sim.advance(10 * time.Millisecond)
 	for _, m := range []struct {
 		work string
 		want float64
@@ -576,7 +576,7 @@ func (r *rig) flood(paths []string, n int, span time.Duration, post bool) (accep
 		if at >= span {
 			return accepted, rejected
 		}
-		r.sim.Advance(step)
+		r.sim.advance(step)
 	}
 }
 
@@ -597,7 +597,7 @@ func TestFetchWait(t *testing.T) {
 	for range 5 {
 		go func() {
 			resp := r.do(http.MethodGet, "/file/"+id, nil, nil)
-			answers <- answer{resp.code, r.sim.Model().Now()}
+			answers <- answer{resp.code, r.sim.model.Now()}
 		}()
 	}
 	// receive waits for n answers; quiet checks that no other one comes meanwhile.
@@ -635,9 +635,9 @@ func TestFetchWait(t *testing.T) {
 	}
 	quiet("before 0.5 s")
 	for i, at := range []time.Duration{500 * time.Millisecond, time.Second} {
-		r.sim.Advance(400 * time.Millisecond)
-		quiet(fmt.Sprintf("%v before the turn at %v", r.sim.Model().Now(), at))
-		r.sim.Advance(100 * time.Millisecond)
+		r.sim.advance(400 * time.Millisecond)
+		quiet(fmt.Sprintf("%v before the turn at %v", r.sim.model.Now(), at))
+		r.sim.advance(100 * time.Millisecond)
 		if ok, _ := receive(1); ok != 1 {
 			t.Fatalf("waiting fetch %d at %v: not served, want 200", i+1, at)
 		}
@@ -754,7 +754,7 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 			t.Errorf("GET /file/%s: %v", id, resp.err)
 		case resp.code == http.StatusOK:
 			out.served++
-			var res AnalysisResult
+			var res analysisResult
 			if err := json.Unmarshal(resp.body, &res); err != nil {
 				t.Errorf("GET /file/%s = 200 %q: %v", id, resp.body, err)
 			}
@@ -803,8 +803,8 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 	}
 
 	completed := func() bool {
-		running, _, _ := r.sim.Model().Load()
-		return running == 0 && r.sim.Model().QueueLen() == 0
+		running, _, _ := r.sim.model.Load()
+		return running == 0 && r.sim.model.QueueLen() == 0
 	}
 	for i := 0; ; i++ {
 		now := time.Duration(i) * step
@@ -816,9 +816,9 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 		if poll && now > 0 && now%(5*time.Second) == 0 {
 			round()
 		}
-		r.sim.Advance(step)
+		r.sim.advance(step)
 		if len(ids) == files && completed() {
-			out.duration = r.sim.Model().Now()
+			out.duration = r.sim.model.Now()
 			break
 		}
 		if i > 100000 {
@@ -827,15 +827,15 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 	}
 	// Let the last polls be answered.
 	for rigPending(r.sim.model) > 0 {
-		r.sim.Advance(step)
+		r.sim.advance(step)
 	}
 	wg.Wait()
 	out.learned = len(learned)
 	if got := r.metric("coresim_files_completed_total"); got != float64(files) {
 		t.Errorf("coresim_files_completed_total = %v, want %d", got, files)
 	}
-	_, _, spent := r.sim.Model().Load()
-	out.rejectSpent, out.pollSpent, out.all = spent[WorkReject], spent[WorkPoll], modelSpentTotal(spent)
+	_, _, spent := r.sim.model.Load()
+	out.rejectSpent, out.pollSpent, out.all = spent[workReject], spent[workPoll], modelSpentTotal(spent)
 	if got := r.metric("coresim_core_seconds_total", "work", "reject"); got != out.rejectSpent {
 		t.Errorf(`coresim_core_seconds_total{work="reject"} = %v, want Load's %v`, got, out.rejectSpent)
 	}
