@@ -191,8 +191,8 @@ func (b *Bucket) clientKeys() (tracked int, untracked uint64, ok bool) {
 }
 
 func (l Limit) validate() error {
-	if err := l.check(); err != nil {
-		return fmt.Errorf("%s %s", strings.ToLower(strings.ReplaceAll(err.Var, "_", " ")), err.Want)
+	if errs := l.check(); len(errs) > 0 {
+		return fmt.Errorf("%s %s", strings.ToLower(strings.ReplaceAll(errs[0].Var, "_", " ")), errs[0].Want)
 	}
 	return nil
 }
@@ -201,20 +201,37 @@ func (l Limit) validate() error {
 // accepts.
 type fieldError struct{ Var, Want string }
 
-func (l Limit) check() *fieldError {
-	switch {
-	case l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
-		return &fieldError{"RATE", "want a number of requests per second >= 0, fractions allowed (e.g. 0.5); 0 = no limit"}
-	case l.Burst < 0:
-		return &fieldError{"BURST", "want a whole number of requests >= 0; 0 = ceil(rate), at least 1"}
-	case l.MaxWait < 0:
-		return &fieldError{"MAX_WAIT", "want a duration >= 0 with its unit (e.g. 500ms, 2s); 0 = reject at once"}
-	case l.ClientLimit < 0:
-		return &fieldError{"CLIENT_LIMIT", "want a whole number of requests per window >= 0; 0 = off"}
-	case l.ClientWindow < 0:
-		return &fieldError{"CLIENT_WINDOW", "want a duration >= 0 with its unit (e.g. 1s, 1m); 0 = 1s"}
+// wants says what each setting of a Limit accepts, by env suffix: the range and the
+// meaning of 0. It is the message of a value out of range and of one that does not
+// parse.
+var wants = map[string]string{
+	"RATE":          "want a number of requests per second >= 0, fractions allowed (e.g. 0.5); 0 = no limit",
+	"BURST":         "want a whole number of requests >= 0; 0 = ceil(rate), at least 1",
+	"MAX_WAIT":      "want a duration with its unit >= 0 (e.g. 500ms, 2s); 0 = reject at once",
+	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0; 0 = off",
+	"CLIENT_WINDOW": "want a duration with its unit >= 0 (e.g. 1s, 1m); 0 = 1s",
+}
+
+// check returns the invalid fields of l, in field order; none when l is valid.
+func (l Limit) check() []fieldError {
+	var errs []fieldError
+	bad := func(v string) { errs = append(errs, fieldError{v, wants[v]}) }
+	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
+		bad("RATE")
 	}
-	return nil
+	if l.Burst < 0 {
+		bad("BURST")
+	}
+	if l.MaxWait < 0 {
+		bad("MAX_WAIT")
+	}
+	if l.ClientLimit < 0 {
+		bad("CLIENT_LIMIT")
+	}
+	if l.ClientWindow < 0 {
+		bad("CLIENT_WINDOW")
+	}
+	return errs
 }
 
 // Limit returns the configuration the bucket was built with, Burst filled in.
@@ -373,23 +390,74 @@ func (discardHeaders) Write(b []byte) (int, error) { return len(b), nil }
 func (discardHeaders) WriteHeader(int)             {}
 
 // Set is the buckets of every route, keyed by route name. A route without a bucket is
-// unlimited. A Set is read-only after NewSet and safe for concurrent use.
+// unlimited. A Set is read-only after NewSet and safe for concurrent use; Update
+// returns a new Set rather than changing one.
 type Set struct {
 	buckets map[string]*Bucket
+	// limits is each route's Limit as given to NewSet or Update, before Burst is filled
+	// in: what Update compares.
+	limits map[string]Limit
+	now    func() time.Time
+	opts   []Option
 }
 
 // NewSet builds one bucket per entry of limits (route name to Limit), all on the clock
 // now (nil means time.Now), with opts (each bucket's logger gets a route attribute).
 // It returns the first invalid limit's error, naming its route.
 func NewSet(limits map[string]Limit, now func() time.Time, opts ...Option) (*Set, error) {
+	return newSet(limits, nil, now, opts)
+}
+
+// Update returns a Set for limits (route name to Limit) that keeps, for each route
+// whose Limit is the same as in s, s's own bucket with its tokens, waiting requests and
+// per-client counts, and builds a new, full bucket for each route whose Limit changed,
+// on s's clock and options. changed lists, sorted, the routes whose Limit changed,
+// appeared or disappeared. s itself is not changed: requests holding one of its
+// buckets finish on it. It returns the first invalid limit's error, naming its route,
+// and a nil Set then. Update of a nil Set is NewSet(limits, nil).
+func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err error) {
+	if s == nil {
+		s = &Set{}
+	}
+	next, err = newSet(limits, s, s.now, s.opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	for route, l := range limits {
+		if old, ok := s.limits[route]; !ok || old != l {
+			changed = append(changed, route)
+		}
+	}
+	for route := range s.limits {
+		if _, ok := limits[route]; !ok {
+			changed = append(changed, route)
+		}
+	}
+	slices.Sort(changed)
+	return next, changed, nil
+}
+
+// newSet builds the Set of limits, taking from prev (nil: none) the bucket of each route
+// whose Limit is unchanged.
+func newSet(limits map[string]Limit, prev *Set, now func() time.Time, opts []Option) (*Set, error) {
 	o := newOptions(opts)
-	s := &Set{buckets: make(map[string]*Bucket, len(limits))}
+	s := &Set{
+		buckets: make(map[string]*Bucket, len(limits)),
+		limits:  make(map[string]Limit, len(limits)),
+		now:     now,
+		opts:    slices.Clone(opts),
+	}
 	for route, l := range limits {
 		// Validate before skipping unlimited limits: Rate 0 with Burst -1 is invalid too.
 		if err := l.validate(); err != nil {
 			return nil, fmt.Errorf("route %s: %w", route, err)
 		}
+		s.limits[route] = l
 		if l.Unlimited() {
+			continue
+		}
+		if prev != nil && prev.buckets[route] != nil && prev.limits[route] == l {
+			s.buckets[route] = prev.buckets[route]
 			continue
 		}
 		routeOpts := append(slices.Clip(opts), WithLogger(o.logger.With("route", route)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -727,6 +728,104 @@ func TestNewSet(t *testing.T) {
 	var nilSet *limiter.Set
 	if b := nilSet.Bucket("file_result"); b != nil {
 		t.Errorf("(*Set)(nil).Bucket(file_result) = %v, want nil", b)
+	}
+}
+
+func TestSetUpdate(t *testing.T) {
+	clock := newFakeClock()
+	s, err := limiter.NewSet(map[string]limiter.Limit{
+		"file_result":  {Rate: 1, Burst: 1},
+		"batch_status": {Rate: 2, Burst: 2},
+		"hash_lookup":  {Rate: 1, Burst: 1},
+		"stat":         {MaxWait: time.Second}, // unlimited
+	}, clock.Now)
+	if err != nil {
+		t.Fatalf("NewSet() = %v, want no error", err)
+	}
+	// Empty the buckets, so that whether a bucket was kept or built anew shows.
+	for _, route := range []string{"file_result", "batch_status", "hash_lookup"} {
+		b := s.Bucket(route)
+		for acquire(b, "c").Pass() {
+		}
+	}
+
+	next, changed, err := s.Update(map[string]limiter.Limit{
+		"file_result":  {Rate: 1, Burst: 1},   // unchanged: kept
+		"batch_status": {Rate: 10, Burst: 10}, // changed: new and full
+		"file_submit":  {Rate: 3},             // new
+		"stat":         {},                    // changed, still unlimited
+		// hash_lookup removed: unlimited
+	})
+	if err != nil {
+		t.Fatalf("Update() = %v, want no error", err)
+	}
+	if want := []string{"batch_status", "file_submit", "hash_lookup", "stat"}; !slices.Equal(changed, want) {
+		t.Errorf("Update() changed = %v, want %v", changed, want)
+	}
+	if got, old := next.Bucket("file_result"), s.Bucket("file_result"); got != old {
+		t.Errorf("Update().Bucket(file_result) = %p, want the old bucket %p: its limit did not change", got, old)
+	}
+	if d := acquire(next.Bucket("file_result"), "c"); d.Outcome != limiter.Rejected {
+		t.Errorf("Acquire(file_result) after Update = %v, want rejected: a kept bucket keeps its tokens", d.Outcome)
+	}
+	nb := next.Bucket("batch_status")
+	if nb == s.Bucket("batch_status") || nb.Limit() != (limiter.Limit{Rate: 10, Burst: 10}) {
+		t.Fatalf("Update().Bucket(batch_status) = %p with %+v, want a new bucket with rate 10, burst 10", nb, nb.Limit())
+	}
+	for i := range 10 {
+		if d := acquire(nb, "c"); d.Outcome != limiter.Allowed {
+			t.Fatalf("Acquire(batch_status) #%d after Update = %v, want allowed: a new bucket starts full", i+1, d.Outcome)
+		}
+	}
+	if d := acquire(nb, "c"); d.Outcome != limiter.Rejected {
+		t.Errorf("Acquire(batch_status) #11 after Update = %v, want rejected", d.Outcome)
+	}
+	// A new bucket runs on the Set's clock.
+	clock.Advance(100 * time.Millisecond)
+	if d := acquire(nb, "c"); d.Outcome != limiter.Allowed {
+		t.Errorf("Acquire(batch_status) 100ms later = %v, want allowed on the Set's clock", d.Outcome)
+	}
+	if got := next.Bucket("file_submit").Limit(); got != (limiter.Limit{Rate: 3, Burst: 3}) {
+		t.Errorf("Update().Bucket(file_submit).Limit() = %+v, want rate 3, burst 3", got)
+	}
+	for _, route := range []string{"hash_lookup", "stat"} {
+		if b := next.Bucket(route); b != nil {
+			t.Errorf("Update().Bucket(%s) = %p, want nil (unlimited)", route, b)
+		}
+	}
+	// The old Set is untouched: requests holding its buckets finish there.
+	if got := s.Bucket("batch_status").Limit().Rate; got != 2 {
+		t.Errorf("old Set's Bucket(batch_status) rate after Update = %v, want 2", got)
+	}
+	if s.Bucket("hash_lookup") == nil {
+		t.Error("old Set's Bucket(hash_lookup) after Update = nil, want its bucket")
+	}
+
+	// Nothing changed: every bucket is kept.
+	again, changed, err := next.Update(map[string]limiter.Limit{
+		"file_result": {Rate: 1, Burst: 1}, "batch_status": {Rate: 10, Burst: 10},
+		"file_submit": {Rate: 3}, "stat": {},
+	})
+	if err != nil || len(changed) != 0 {
+		t.Errorf("Update(same limits) = %v, %v; want no change, no error", changed, err)
+	}
+	for _, route := range []string{"file_result", "batch_status", "file_submit"} {
+		if again.Bucket(route) != next.Bucket(route) {
+			t.Errorf("Update(same limits).Bucket(%s) is a new bucket, want the old one", route)
+		}
+	}
+
+	// An invalid limit changes nothing.
+	bad, changed, err := next.Update(map[string]limiter.Limit{"file_result": {Rate: -1}})
+	if err == nil || bad != nil || changed != nil || !strings.HasPrefix(err.Error(), "route file_result: rate ") {
+		t.Errorf("Update(rate -1) = %v, %v, %v; want nil, nil and an error naming route file_result's rate", bad, changed, err)
+	}
+
+	// Update of a nil Set builds every bucket.
+	var nilSet *limiter.Set
+	fresh, changed, err := nilSet.Update(map[string]limiter.Limit{"file_result": {Rate: 1}})
+	if err != nil || fresh.Bucket("file_result") == nil || !slices.Equal(changed, []string{"file_result"}) {
+		t.Errorf("(*Set)(nil).Update(file_result rate 1) = %v, %v, %v; want a Set with its bucket, [file_result], nil", fresh, changed, err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
@@ -19,21 +20,34 @@ func VarName(prefix, route, setting string) string {
 // variables are VarName(prefix, route, setting); an unset or empty variable keeps the
 // route's value in defaults (the zero Limit, unlimited, for a route absent from it).
 //
-// The error, an *envconf.Error, names the first bad variable and what it accepts, e.g.
-// `MDPROXY_FILE_RESULT_RATE="abc": want a number, fractions allowed (e.g. 0.5)`.
+// The error, an envconf.Errors, names every bad variable, each as an *envconf.Error
+// saying what it accepts, in the order of routes and of Limit's fields, e.g.
+// `MDPROXY_FILE_RESULT_RATE="abc": want a number of requests per second >= 0, ...`;
+// the limits are nil then.
 func ParseLimits(environ map[string]string, prefix string, routes []string, defaults map[string]Limit) (map[string]Limit, error) {
 	limits := make(map[string]Limit, len(routes))
+	var errs envconf.Errors
 	for _, route := range routes {
 		l := defaults[route]
 		routePrefix := VarName(prefix, route, "")
-		if err := envconf.Parse(&l, routePrefix, environ); err != nil {
-			return nil, err
+		for _, err := range envconf.ParseAll(&l, routePrefix, environ) {
+			// What the setting accepts, its range included, rather than only its type.
+			var ee *envconf.Error
+			if errors.As(err, &ee) {
+				if want, ok := wants[strings.TrimPrefix(ee.Var, routePrefix)]; ok {
+					ee.Want = want
+				}
+			}
+			errs.Add(err)
 		}
-		if fe := l.check(); fe != nil {
+		for _, fe := range l.check() {
 			name := routePrefix + fe.Var
-			return nil, &envconf.Error{Var: name, Value: environ[name], Want: fe.Want}
+			errs.Add(&envconf.Error{Var: name, Value: environ[name], Want: fe.Want})
 		}
 		limits[route] = l
+	}
+	if err := errs.Err(); err != nil {
+		return nil, err
 	}
 	return limits, nil
 }

@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,22 +155,22 @@ func TestParseLimitsErrors(t *testing.T) {
 		variable, value string
 		want            string // in the message, after the variable and value
 	}{
-		{"MDPROXY_FILE_RESULT_RATE", "abc", "want a number"},
-		{"MDPROXY_FILE_RESULT_RATE", "1/s", "want a number"},
+		{"MDPROXY_FILE_RESULT_RATE", "abc", "want a number of requests per second >= 0"},
+		{"MDPROXY_FILE_RESULT_RATE", "1/s", "want a number of requests per second >= 0"},
 		{"MDPROXY_FILE_RESULT_RATE", "-1", "requests per second >= 0"},
 		{"MDPROXY_FILE_RESULT_RATE", "NaN", "requests per second >= 0"},
 		{"MDPROXY_FILE_RESULT_RATE", "Inf", "requests per second >= 0"},
 		{"MDPROXY_FILE_RESULT_RATE", "-Inf", "requests per second >= 0"},
-		{"MDPROXY_FILE_RESULT_BURST", "ten", "want a whole number"},
-		{"MDPROXY_FILE_RESULT_BURST", "1.5", "want a whole number"},
+		{"MDPROXY_FILE_RESULT_BURST", "ten", "want a whole number of requests >= 0"},
+		{"MDPROXY_FILE_RESULT_BURST", "1.5", "want a whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_BURST", "-1", "whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_MAX_WAIT", "2", "want a duration with its unit"},
 		{"MDPROXY_FILE_RESULT_MAX_WAIT", "soon", "want a duration with its unit"},
-		{"MDPROXY_FILE_RESULT_MAX_WAIT", "-1s", "duration >= 0"},
-		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "many", "want a whole number"},
+		{"MDPROXY_FILE_RESULT_MAX_WAIT", "-1s", "duration with its unit >= 0"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "many", "want a whole number of requests per window >= 0"},
 		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "-5", "requests per window >= 0"},
 		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "2", "want a duration with its unit"},
-		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "-1m", "duration >= 0"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "-1m", "duration with its unit >= 0"},
 		{"MDPROXY_FILE_SUBMIT_RATE", "NaN", "requests per second >= 0"},
 		{"MDPROXY_FILE_SUBMIT_BURST", "-2", "whole number of requests >= 0"},
 	}
@@ -205,6 +206,48 @@ func TestParseLimitsErrors(t *testing.T) {
 				t.Errorf("ParseLimits(%s=%q) limits = %v, want nil with the error", tt.variable, tt.value, got)
 			}
 		})
+	}
+}
+
+// TestParseLimitsAllErrors checks that every bad variable is named, those that do not
+// parse and those out of range, of one route or of several, each once, in the order of
+// the routes and of the settings.
+func TestParseLimitsAllErrors(t *testing.T) {
+	environ := map[string]string{
+		"MDPROXY_FILE_RESULT_RATE":          "fast", // does not parse: not also out of range
+		"MDPROXY_FILE_RESULT_BURST":         "-1",
+		"MDPROXY_FILE_RESULT_MAX_WAIT":      "2s", // good
+		"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW": "-1s",
+		"MDPROXY_FILE_SUBMIT_CLIENT_LIMIT":  "x",
+	}
+	want := []string{
+		"MDPROXY_FILE_RESULT_RATE", "MDPROXY_FILE_RESULT_BURST",
+		"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "MDPROXY_FILE_SUBMIT_CLIENT_LIMIT",
+	}
+	got, err := limiter.ParseLimits(environ, prefix, routes, defaults)
+	if err == nil {
+		t.Fatalf("ParseLimits(%v) = %v, nil; want an error naming %v", environ, got, want)
+	}
+	var errs envconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("ParseLimits(%v) error = %T %q, want an envconf.Errors", environ, err, err)
+	}
+	var names []string
+	for _, e := range errs {
+		var ee *envconf.Error
+		if !errors.As(e, &ee) {
+			t.Fatalf("ParseLimits(%v) error %q = %T, want an *envconf.Error", environ, e, e)
+		}
+		names = append(names, ee.Var)
+		if !strings.HasPrefix(e.Error(), ee.Var+"="+`"`+environ[ee.Var]+`": want `) {
+			t.Errorf("ParseLimits(%v) error %q, want it to quote %s's value and say what it accepts", environ, e, ee.Var)
+		}
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("ParseLimits(%v) error names %v, want %v, in that order", environ, names, want)
+	}
+	if msg := err.Error(); strings.Count(msg, "\n") != len(want)-1 {
+		t.Errorf("ParseLimits(%v) error = %q, want the %d errors one a line", environ, msg, len(want))
 	}
 }
 

@@ -44,12 +44,38 @@ func Accepts(t reflect.Type) string {
 // Parse fills the struct pointed to by v from environ (variable name to value), each
 // field from the variable prefix + its env tag, with env's defaults (envDefault) for
 // unset variables; a field without a default keeps its value when its variable is unset
-// or empty. A value that does not parse returns an *Error naming the variable.
+// or empty. A value that does not parse returns an *Error naming the variable (the
+// first one, when several do not parse; ParseAll names them all).
 func Parse(v any, prefix string, environ map[string]string) error {
+	errs := ParseAll(v, prefix, environ)
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs[0]
+}
+
+// ParseAll is Parse that reports every variable that does not parse, each as an *Error,
+// in field order; a field whose variable does not parse keeps the value it had (its
+// envDefault is not applied). It returns nil when all parse.
+func ParseAll(v any, prefix string, environ map[string]string) Errors {
 	err := env.ParseWithOptions(v, env.Options{Environment: environ, Prefix: prefix})
 	if err == nil {
 		return nil
 	}
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return Errors{err}
+	}
+	var errs Errors
+	for _, e := range agg.Errors {
+		errs.Add(named(v, prefix, environ, e))
+	}
+	return errs
+}
+
+// named turns env's error about a field of *v into an *Error naming its variable;
+// other errors are returned as they are.
+func named(v any, prefix string, environ map[string]string, err error) error {
 	var pe env.ParseError
 	if !errors.As(err, &pe) {
 		return err
@@ -61,6 +87,64 @@ func Parse(v any, prefix string, environ map[string]string) error {
 	key, _, _ := strings.Cut(f.Tag.Get("env"), ",") // drop options such as ",notEmpty"
 	name := prefix + key
 	return &Error{Var: name, Value: environ[name], Want: Accepts(f.Type)}
+}
+
+// Errors is a list of bad settings, at most one error a variable, in the order they
+// were added. Its message is theirs, one a line (as errors.Join's; a message of one
+// error is one line). errors.As finds each *Error in it. The zero value is an empty
+// list; Add is not safe for concurrent use.
+type Errors []error
+
+func (e Errors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// Unwrap returns the errors of the list, for errors.Is and errors.As.
+func (e Errors) Unwrap() []error { return e }
+
+// Add appends err to the list: each error of err when it is an Errors, nothing when it
+// is nil, and nothing when it names (through an *Error) a variable that an error of
+// the list already names: a value that did not parse is reported once, not again as
+// out of range.
+func (e *Errors) Add(err error) {
+	switch err := err.(type) {
+	case nil:
+		return
+	case Errors:
+		for _, one := range err {
+			e.Add(one)
+		}
+		return
+	}
+	var named *Error
+	if errors.As(err, &named) && e.Names(named.Var) {
+		return
+	}
+	*e = append(*e, err)
+}
+
+// Names reports whether an error of the list names the variable name through an
+// *Error.
+func (e Errors) Names(name string) bool {
+	for _, err := range e {
+		var named *Error
+		if errors.As(err, &named) && named.Var == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Err returns the list as an error, or nil when it is empty.
+func (e Errors) Err() error {
+	if len(e) == 0 {
+		return nil
+	}
+	return e
 }
 
 // Invalid returns the *Error of the variable prefix+name, holding its value in environ,

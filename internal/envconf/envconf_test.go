@@ -2,6 +2,7 @@ package envconf_test
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -112,6 +113,70 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("Parse(%s=%q) = %+v, want %+v", tt.variable, tt.value, *ee, *want)
 			}
 		})
+	}
+}
+
+// TestParseAll checks that every variable that does not parse is named, in field
+// order, that the fields that parse are filled all the same, and that Parse names the
+// first.
+func TestParseAll(t *testing.T) {
+	environ := map[string]string{
+		"APP_ADDR": ":1", "APP_RATE": "abc", "APP_COUNT": "7", "APP_TIMEOUT": "2", "APP_ON": "yes",
+	}
+	c := preset()
+	errs := envconf.ParseAll(&c, "APP_", environ)
+	var names []string
+	for _, err := range errs {
+		var ee *envconf.Error
+		if !errors.As(err, &ee) {
+			t.Fatalf("ParseAll() error %v = %T, want an *envconf.Error", err, err)
+		}
+		names = append(names, ee.Var)
+	}
+	if want := []string{"APP_RATE", "APP_TIMEOUT", "APP_ON"}; !slices.Equal(names, want) {
+		t.Errorf("ParseAll(%v) names %v, want %v", environ, names, want)
+	}
+	if c.Addr != ":1" || c.Count != 7 || c.Rate != 2 {
+		t.Errorf("ParseAll(%v) = %+v, want Addr :1 and Count 7 parsed, Rate kept at 2", environ, c)
+	}
+	c = preset()
+	var ee *envconf.Error
+	if err := envconf.Parse(&c, "APP_", environ); !errors.As(err, &ee) || ee.Var != "APP_RATE" {
+		t.Errorf("Parse(%v) = %v, want the *envconf.Error of APP_RATE alone", environ, err)
+	}
+	if c = preset(); envconf.ParseAll(&c, "APP_", map[string]string{"APP_RATE": "1"}) != nil {
+		t.Errorf("ParseAll(APP_RATE=1) != nil, want nil")
+	}
+}
+
+func TestErrors(t *testing.T) {
+	var errs envconf.Errors
+	if errs.Err() != nil {
+		t.Errorf("empty Errors.Err() = %v, want nil", errs.Err())
+	}
+	a := &envconf.Error{Var: "APP_A", Value: "x", Want: "want a"}
+	b := &envconf.Error{Var: "APP_B", Value: "y", Want: "want b"}
+	other := errors.New("something else")
+	errs.Add(nil)
+	errs.Add(a)
+	errs.Add(envconf.Errors{b, other})
+	errs.Add(&envconf.Error{Var: "APP_A", Value: "x", Want: "want a, out of range"}) // named already
+	errs.Add(fmt.Errorf("in a file: %w", &envconf.Error{Var: "APP_B", Value: "z"}))  // named already
+	if len(errs) != 3 || errs[0] != error(a) || errs[1] != error(b) || errs[2] != other {
+		t.Fatalf("Errors after Add = %q, want [a b other]", errs)
+	}
+	if got, want := errs.Error(), "APP_A=\"x\": want a\nAPP_B=\"y\": want b\nsomething else"; got != want {
+		t.Errorf("Errors.Error() = %q, want %q (one a line)", got, want)
+	}
+	var ee *envconf.Error
+	if err := errs.Err(); !errors.As(err, &ee) || ee != a || !errors.Is(err, other) {
+		t.Errorf("errors.As(Errors.Err()) = %v, want the first *envconf.Error; errors.Is(other) true", ee)
+	}
+	if !errs.Names("APP_B") || errs.Names("APP_C") {
+		t.Errorf("Errors.Names(APP_B), Names(APP_C) = %v, %v; want true, false", errs.Names("APP_B"), errs.Names("APP_C"))
+	}
+	if got := (envconf.Errors{a}).Error(); got != a.Error() {
+		t.Errorf("Errors{a}.Error() = %q, want a's message %q", got, a.Error())
 	}
 }
 
