@@ -53,14 +53,6 @@ type scan struct {
 	hook     *hookStatus
 }
 
-// batch is an open or closed batch of scans.
-type batch struct {
-	id, rule, userAgent, userData string
-	created                       time.Duration
-	closed                        bool
-	files                         []*scan
-}
-
 // New returns an emulator for cfg, with its metrics registered on reg (nil: none).
 func New(cfg Config, reg prometheus.Registerer) (*Sim, error) {
 	if err := cfg.validate(nil); err != nil {
