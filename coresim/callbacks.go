@@ -7,11 +7,19 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 )
+
+// validCallbackURL reports whether s is a callback URL Core accepts:
+// <http|https>://<host>[:port][/path] (docs/core-api.md, "Callbacks").
+func validCallbackURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
+}
 
 // hookStatus is a scan's callback delivery state (GET /file/webhook/{data_id}).
 type hookStatus struct {

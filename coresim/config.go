@@ -2,7 +2,6 @@ package coresim
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -185,11 +184,4 @@ func DefaultConfig() Config {
 		panic(fmt.Sprintf("coresim: defaults do not validate: %v", err))
 	}
 	return c
-}
-
-// validCallbackURL reports whether s is a callback URL Core accepts:
-// <http|https>://<host>[:port][/path] (docs/core-api.md, "Callbacks").
-func validCallbackURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
 }
