@@ -52,6 +52,12 @@ const (
 	PeerCore   = "core"   // Core stopped reading the request or sending its answer
 )
 
+// Results of a reload of the limits, the values of the result label of ConfigReloads.
+const (
+	ReloadSuccess = "success" // the limits file was read and its limits are in force
+	ReloadError   = "error"   // the limits file could not be read or held a bad setting: the limits did not change
+)
+
 // Metrics is the set of collectors the proxy updates. Its fields are safe for
 // concurrent use, as every client_golang collector is.
 type Metrics struct {
@@ -89,6 +95,9 @@ type Metrics struct {
 	LimitBurst *prometheus.GaugeVec
 	// LimitMaxWait is the configured maximum wait of each route, in seconds.
 	LimitMaxWait *prometheus.GaugeVec
+	// ConfigReloads counts reloads of the limits file (on SIGHUP or when it changes) by
+	// result, ReloadSuccess or ReloadError; both series exist from the start, at 0.
+	ConfigReloads *prometheus.CounterVec
 }
 
 // durationBuckets span a fast rejection (100 µs) to a slow poll under load (60 s).
@@ -154,6 +163,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "limit_max_wait_seconds",
 			Help: "Configured longest wait for a token by route, in seconds (0: reject at once).",
 		}, []string{"route"}),
+		ConfigReloads: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "config_reloads_total",
+			Help: "Reloads of the limits file (MDPROXY_LIMITS_FILE), on SIGHUP or when it changed, by result (success; error: the previous limits stay).",
+		}, []string{"result"}),
+	}
+	for _, result := range []string{ReloadSuccess, ReloadError} {
+		m.ConfigReloads.WithLabelValues(result)
 	}
 	version, revision, goVersion := BuildVersion()
 	f.NewGaugeFunc(prometheus.GaugeOpts{

@@ -8,9 +8,11 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -690,4 +692,116 @@ func TestMetricsCardinality(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests, %d requests_total series", len(jobs), seriesCount(t, reg, "mdproxy_requests_total"))
+}
+
+// TestSetLimits swaps the limits of a serving proxy, as a reload does: a request
+// waiting for a token of the old bucket finishes there, requests that start afterwards
+// use the new bucket, a route whose bucket is kept keeps its state, and the limit
+// gauges follow.
+func TestSetLimits(t *testing.T) {
+	up := &countingUpstream{}
+	u, err := url.Parse("http://upstream.invalid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	old := limitSet(t, map[string]limiter.Limit{
+		// A second poll waits half a second for its token: a wait the swap happens in.
+		"file_result": {Rate: 2, Burst: 1, MaxWait: 10 * time.Second},
+		"hash_lookup": {Rate: 0.001, Burst: 1},
+	}, nil)
+	p, err := New(Options{
+		Upstream: u, Metrics: metrics.New(reg), Limits: old,
+		Transport: inMemoryUpstream(func(r *http.Request) (*http.Response, error) {
+			rec := httptest.NewRecorder()
+			up.ServeHTTP(rec, r)
+			return rec.Result(), nil
+		}),
+	})
+	if err != nil {
+		t.Fatalf("New() = %v", err)
+	}
+	serve := func(path string) int {
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code
+	}
+	gauge := func(name, route string) float64 {
+		return metricValue(t, reg, name, map[string]string{"route": route})
+	}
+	if code := serve("/hash/" + strings.Repeat("a", 32)); code != http.StatusOK {
+		t.Fatalf("first hash look-up = %d, want 200", code)
+	}
+	if code := serve("/file/a"); code != http.StatusOK {
+		t.Fatalf("first poll = %d, want 200", code)
+	}
+	waiter := make(chan int, 1)
+	go func() { waiter <- serve("/file/b") }()
+	mustWaitMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "file_result"}, 1)
+
+	next, changed, err := old.Update(map[string]limiter.Limit{
+		"file_result":  {Rate: 0.001, Burst: 3},
+		"hash_lookup":  {Rate: 0.001, Burst: 1}, // unchanged: its empty bucket is kept
+		"batch_status": {Rate: 4, MaxWait: 2 * time.Second},
+	})
+	if err != nil {
+		t.Fatalf("Update() = %v", err)
+	}
+	if want := []string{"batch_status", "file_result"}; !slices.Equal(changed, want) {
+		t.Fatalf("Update() changed = %v, want %v", changed, want)
+	}
+	p.SetLimits(next)
+
+	// The new file_result bucket starts full: 3 polls pass, the 4th is refused.
+	for i := range 3 {
+		if code := serve(fmt.Sprintf("/file/n%d", i)); code != http.StatusOK {
+			t.Errorf("poll #%d after SetLimits = %d, want 200 from the new, full bucket", i+1, code)
+		}
+	}
+	if code := serve("/file/n3"); code != http.StatusServiceUnavailable {
+		t.Errorf("poll #4 after SetLimits = %d, want 503: the new bucket holds 3", code)
+	}
+	if code := serve("/hash/" + strings.Repeat("b", 32)); code != http.StatusServiceUnavailable {
+		t.Errorf("hash look-up after SetLimits = %d, want 503: its unchanged bucket is kept, empty", code)
+	}
+	// The poll that waited on the old bucket got its token there.
+	select {
+	case code := <-waiter:
+		if code != http.StatusOK {
+			t.Errorf("poll waiting across SetLimits = %d, want 200", code)
+		}
+	case <-time.After(longWait):
+		t.Fatal("poll waiting across SetLimits did not finish")
+	}
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "delayed"}, 1)
+
+	for _, tc := range []struct {
+		name, route string
+		want        float64
+	}{
+		{"mdproxy_limit_rate_requests_per_second", "file_result", 0.001},
+		{"mdproxy_limit_burst_requests", "file_result", 3},
+		{"mdproxy_limit_max_wait_seconds", "file_result", 0},
+		{"mdproxy_limit_rate_requests_per_second", "batch_status", 4},
+		{"mdproxy_limit_burst_requests", "batch_status", 4}, // ceil(rate)
+		{"mdproxy_limit_max_wait_seconds", "batch_status", 2},
+		{"mdproxy_limit_rate_requests_per_second", "hash_lookup", 0.001},
+	} {
+		if got := gauge(tc.name, tc.route); got != tc.want {
+			t.Errorf("%s{route=%q} after SetLimits = %v, want %v", tc.name, tc.route, got, tc.want)
+		}
+	}
+
+	// No limits at all: every route unlimited, every gauge 0.
+	p.SetLimits(nil)
+	for i := range 5 {
+		if code := serve(fmt.Sprintf("/file/u%d", i)); code != http.StatusOK {
+			t.Errorf("poll #%d after SetLimits(nil) = %d, want 200", i+1, code)
+		}
+	}
+	for _, route := range []string{"file_result", "batch_status", "hash_lookup"} {
+		if got := gauge("mdproxy_limit_rate_requests_per_second", route); got != 0 {
+			t.Errorf("limit rate of %s after SetLimits(nil) = %v, want 0", route, got)
+		}
+	}
 }

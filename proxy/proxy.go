@@ -49,7 +49,8 @@ type Options struct {
 	Upstream *url.URL
 	// Transport carries requests to Core. nil means NewTransport(TransportOptions{}).
 	Transport http.RoundTripper
-	// Limits gives each route's bucket. nil means no limit on any route.
+	// Limits gives each route's bucket, read by New; Proxy.SetLimits replaces them.
+	// nil means no limit on any route.
 	Limits Limits
 	// Metrics receives every count and timing. Required.
 	Metrics *metrics.Metrics
@@ -74,14 +75,18 @@ type Options struct {
 type Proxy struct {
 	router *chi.Mux
 	other  *route
+	routes []*route // every route, other included, for SetLimits
+
+	setLimits sync.Mutex // one SetLimits at a time, so the limit gauges follow the last
 }
 
 // route is the per-route state built once: its bucket, its reverse proxy and its metric
 // children, so that serving a request looks nothing up by label.
 type route struct {
-	name            string
-	bucket          *limiter.Bucket
-	perClient       bool
+	name string
+	// bucket is the route's bucket now (nil: unlimited). SetLimits swaps it; a request
+	// loads it once and keeps that bucket to the end, a wait for a token included.
+	bucket          atomic.Pointer[limiter.Bucket]
 	submit          bool // POST /file: Content-Length required
 	proxy           *httputil.ReverseProxy
 	requests        *prometheus.CounterVec
@@ -93,6 +98,9 @@ type route struct {
 	requestBytes    prometheus.Counter
 	responseBytes   prometheus.Counter
 	bodyTimeouts    *prometheus.CounterVec
+	limitRate       prometheus.Gauge
+	limitBurst      prometheus.Gauge
+	limitMaxWait    prometheus.Gauge
 	limitStatus     int
 	trusted         []netip.Prefix
 	upstreamTimeout time.Duration
@@ -144,6 +152,7 @@ func New(opts Options) (*Proxy, error) {
 	for _, rt := range routeTable {
 		h := newRoute(rt.name, opts)
 		h.submit = rt.name == "submit"
+		p.routes = append(p.routes, h)
 		for _, pattern := range rt.patterns {
 			switch rt.method {
 			case "*":
@@ -157,6 +166,7 @@ func New(opts Options) (*Proxy, error) {
 		}
 	}
 	p.other = newRoute(RouteOther, opts)
+	p.routes = append(p.routes, p.other)
 	p.router.NotFound(p.other.ServeHTTP)
 	p.router.MethodNotAllowed(p.other.ServeHTTP)
 	return p, nil
@@ -166,7 +176,6 @@ func newRoute(name string, opts Options) *route {
 	m := opts.Metrics
 	rt := &route{
 		name:             name,
-		bucket:           opts.Limits.Bucket(name),
 		requests:         m.Requests,
 		duration:         m.Duration.WithLabelValues(name),
 		upstreamDur:      m.UpstreamDuration.WithLabelValues(name),
@@ -175,6 +184,9 @@ func newRoute(name string, opts Options) *route {
 		requestBytes:     m.RequestBytes.WithLabelValues(name),
 		responseBytes:    m.ResponseBytes.WithLabelValues(name),
 		bodyTimeouts:     m.BodyTimeouts,
+		limitRate:        m.LimitRate.WithLabelValues(name),
+		limitBurst:       m.LimitBurst.WithLabelValues(name),
+		limitMaxWait:     m.LimitMaxWait.WithLabelValues(name),
 		limitStatus:      opts.LimitStatus,
 		trusted:          opts.TrustedProxies,
 		upstreamTimeout:  opts.UpstreamTimeout,
@@ -189,11 +201,7 @@ func newRoute(name string, opts Options) *route {
 	for _, kind := range []string{metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther} {
 		rt.upstreamErrors[kind] = m.UpstreamErrors.WithLabelValues(name, kind)
 	}
-	l := rt.bucket.Limit()
-	rt.perClient = l.ClientLimit > 0
-	m.LimitRate.WithLabelValues(name).Set(l.Rate)
-	m.LimitBurst.WithLabelValues(name).Set(float64(l.Burst))
-	m.LimitMaxWait.WithLabelValues(name).Set(l.MaxWait.Seconds())
+	rt.setBucket(opts.Limits.Bucket(name))
 
 	upstream := opts.Upstream
 	trusted := opts.TrustedProxies
@@ -227,6 +235,33 @@ func newRoute(name string, opts Options) *route {
 		ErrorLog:     slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
 	}
 	return rt
+}
+
+// setBucket makes b (nil: unlimited) the route's bucket for the requests that start
+// from now on, and sets the limit gauges to its limit.
+func (rt *route) setBucket(b *limiter.Bucket) {
+	rt.bucket.Store(b)
+	l := b.Limit()
+	rt.limitRate.Set(l.Rate)
+	rt.limitBurst.Set(float64(l.Burst))
+	rt.limitMaxWait.Set(l.MaxWait.Seconds())
+}
+
+// SetLimits gives each route the bucket l has for it (nil l: no limit on any route), as
+// a reload of the limits does, and sets the limit gauges to match. A route whose bucket
+// is the same as before keeps it, its tokens and its waiting requests untouched; a
+// request that already took, or waits for, a token of a replaced bucket finishes on
+// it, and requests that start afterwards use the new one. No request is refused or
+// dropped by the change. Safe for concurrent use with serving and with itself.
+func (p *Proxy) SetLimits(l Limits) {
+	if l == nil {
+		l = (*limiter.Set)(nil)
+	}
+	p.setLimits.Lock()
+	defer p.setLimits.Unlock()
+	for _, rt := range p.routes {
+		rt.setBucket(l.Bucket(rt.name))
+	}
 }
 
 // ServeHTTP routes r by its canonical path and serves it on its route.
@@ -286,12 +321,14 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	b := rt.bucket.Load() // this request's bucket to its end, whatever a reload swaps in
 	var client string
-	if rt.perClient {
+	if b.Limit().ClientLimit > 0 {
 		client = clientKey(r, rt.trusted)
 	}
-	d := rt.bucket.Acquire(r.Context(), r, client)
+	d := b.Acquire(r.Context(), r, client)
 	rt.decisions[d.Outcome].Inc()
+	rec.decision = d.Outcome.String()
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
 		rec.Header()["Retry-After"] = []string{strconv.Itoa(d.RetryAfterSeconds())}
@@ -363,7 +400,11 @@ func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
 	}
 	rt.requests.WithLabelValues(rt.name, metrics.Method(r.Method), strconv.Itoa(status)).Inc()
 	rt.responseBytes.Add(float64(rec.bytes))
-	rt.duration.Observe(time.Since(start).Seconds())
+	elapsed := time.Since(start)
+	rt.duration.Observe(elapsed.Seconds())
+	if ctx := r.Context(); rt.log.Enabled(ctx, slog.LevelDebug) {
+		rt.logRequest(ctx, rec, r, status, elapsed)
+	}
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: it maps a failed round trip to 502
@@ -498,6 +539,7 @@ type recorder struct {
 	aborted  bool      // abort cut the request, already counted
 	ex       *exchange // nil for answers the proxy gives itself
 	writeErr error     // the first failed write to the client
+	decision string    // the limiter's outcome; "": not asked
 }
 
 func (w *recorder) WriteHeader(code int) {
