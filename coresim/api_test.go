@@ -1,12 +1,9 @@
 package coresim
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"math"
-	"net"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -14,47 +11,6 @@ import (
 	"testing"
 	"time"
 )
-
-// rawExchange writes raw to the emulator over TCP, reads the answer, and checks it
-// against the spec like apiHarness.do does.
-func rawExchange(t *testing.T, h *apiHarness, method, path, raw string) apiResp {
-	t.Helper()
-	conn, err := net.Dial("tcp", h.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatalf("net.Dial(%s) error = %v, want nil", h.srv.Listener.Addr(), err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // real time: a hung server fails the test
-	if _, err := io.WriteString(conn, raw); err != nil {
-		t.Fatalf("writing %q error = %v, want nil", raw, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("http.ReadResponse(answer to %q) error = %v, want nil", raw, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("reading the answer to %q error = %v, want nil", raw, err)
-	}
-	ex := exchange{method: method, path: path, reqHeader: http.Header{}, status: resp.StatusCode, respHeader: resp.Header, respBody: body}
-	if err := coreContractFor(t).check(t.Context(), ex); err != nil {
-		t.Errorf("contract: %s %s -> %d %s:\n%v", method, path, resp.StatusCode, body, err)
-	}
-	return apiResp{status: resp.StatusCode, header: resp.Header, body: body}
-}
-
-// wantErrBody fails unless resp is status with exactly Core's body {"err": msg}.
-func wantErrBody(t *testing.T, what string, resp apiResp, status int, msg string) {
-	t.Helper()
-	want := `{"err":` + strconv.Quote(msg) + `}`
-	if resp.status != status || string(resp.body) != want {
-		t.Errorf("%s = %d %s, want %d %s", what, resp.status, resp.body, status, want)
-	}
-	if ct := resp.header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-		t.Errorf("%s Content-Type = %q, want application/json", what, ct)
-	}
-}
 
 // TestAPIMissingContentLength checks POST /file without Content-Length answers 411,
 // whether the body is chunked or absent, and never reaches the queue.

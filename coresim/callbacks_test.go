@@ -3,127 +3,12 @@ package coresim
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
-
-// hookAttempt is one delivery a callback receiver got.
-type hookAttempt struct {
-	at          time.Duration // virtual time of the emulator when it arrived
-	method      string
-	contentType string
-	body        []byte
-}
-
-// hookReceiver is a callback receiver that answers the status codes of a script, one
-// an attempt (the last one again once the script is used up), and records every
-// attempt with the emulator's virtual time.
-type hookReceiver struct {
-	srv *httptest.Server
-
-	mu       sync.Mutex
-	attempts []hookAttempt
-}
-
-func newHookReceiver(t *testing.T, sim *Sim, codes ...int) *hookReceiver {
-	t.Helper()
-	h := &hookReceiver{}
-	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		h.mu.Lock()
-		h.attempts = append(h.attempts, hookAttempt{at: sim.model.Now(), method: r.Method, contentType: r.Header.Get("Content-Type"), body: body})
-		code := codes[min(len(h.attempts), len(codes))-1]
-		h.mu.Unlock()
-		w.WriteHeader(code)
-	}))
-	t.Cleanup(h.srv.Close)
-	return h
-}
-
-func (h *hookReceiver) got() []hookAttempt {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Clone(h.attempts)
-}
-
-// callbacksPending returns the deliveries waiting in the heap and the due time of the
-// first one.
-func callbacksPending(s *Sim) (n int, next time.Duration) {
-	s.cb.mu.Lock()
-	defer s.cb.mu.Unlock()
-	if len(s.cb.pending) == 0 {
-		return 0, 0
-	}
-	return len(s.cb.pending), s.cb.pending[0].due
-}
-
-// metricOr0 reads a series that exists only once counted.
-func (r *rig) metricOr0(name string, labels ...string) float64 {
-	r.t.Helper()
-	v, _ := rigGather(r.t, r.reg, name, labels...)
-	return v
-}
-
-// counterValue reads a counter without gathering the registry.
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
-// callbackCounts returns the callback attempts made and the outcomes counted so far.
-func callbackCounts(s *Sim) (attempts, outcomes float64) {
-	attempts = counterValue(s.m.callbackAttempts.WithLabelValues("ok")) + counterValue(s.m.callbackAttempts.WithLabelValues("error"))
-	outcomes = counterValue(s.m.callbacks.WithLabelValues("delivered")) + counterValue(s.m.callbacks.WithLabelValues("failed"))
-	return attempts, outcomes
-}
-
-// callbackStep advances the emulator by d. When that hands a delivery to the callback
-// workers (a scan with a callbackurl completed, or a retry fell due), it waits until
-// the attempt is over and either its outcome counted or its retry booked, so that the
-// next step starts from a settled state. It reports whether an attempt was made.
-func (r *rig) callbackStep(d time.Duration) bool {
-	r.t.Helper()
-	n, next := callbacksPending(r.sim)
-	due := n > 0 && next <= r.sim.model.Now()+d
-	completed := counterValue(r.sim.m.filesCompleted)
-	attempts, outcomes := callbackCounts(r.sim)
-	r.sim.advance(d)
-	if !due && counterValue(r.sim.m.filesCompleted) == completed {
-		return false
-	}
-	rigWaitFor(r.t, "the callback attempt", func() bool {
-		a, _ := callbackCounts(r.sim)
-		return a == attempts+1
-	})
-	rigWaitFor(r.t, "the callback's outcome or its retry", func() bool {
-		n, _ := callbacksPending(r.sim)
-		_, o := callbackCounts(r.sim)
-		return n > 0 || o > outcomes
-	})
-	return true
-}
-
-// webhookStatus is the answer of GET /file/webhook/{data_id}.
-type webhookStatus struct {
-	DataID      string `json:"data_id"`
-	URL         string `json:"url"`
-	StatusCode  int    `json:"status_code"`
-	RequestTime string `json:"request_time"`
-	Attempts    int    `json:"attempts"`
-	Delivered   bool   `json:"delivered"`
-}
 
 // TestCallbackRetries checks the delivery schedule of callbacks on virtual time: the
 // first attempt when the scan completes, the first retry CALLBACK_DELAY later, each

@@ -1,177 +1,15 @@
 package coresim
 
 import (
-	"archive/zip"
 	"bytes"
-	"crypto/md5"
-	"crypto/sha1"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
 	"testing"
 )
-
-// ooxmlPart is one entry of a built Office Open XML package; a name ending in "/" is a
-// directory entry (no data), which inspect must skip.
-type ooxmlPart struct {
-	name   string
-	data   []byte
-	stored bool // zip.Store instead of zip.Deflate
-}
-
-// ooxmlKind describes a package type: its extension, main part and main content type,
-// the parts it has besides the common ones, and the Type inspect reports for it.
-type ooxmlKind struct {
-	ext, typ           string
-	mainPart, mainType string
-	extra              []ooxmlPart
-}
-
-// ooxmlFile is a built package: its bytes and its non-directory parts in archive order.
-type ooxmlFile struct {
-	data  []byte
-	parts []ooxmlPart
-	dirs  int
-}
-
-// ooxmlMedia returns n deterministic, incompressible bytes behind a file signature.
-func ooxmlMedia(seed uint64, sig string, n int) []byte {
-	var s [32]byte
-	s[0] = byte(seed)
-	b := make([]byte, n)
-	_, _ = rand.NewChaCha8(s).Read(b)
-	copy(b, sig)
-	return b
-}
-
-const (
-	ooxmlPNG  = "\x89PNG\r\n\x1a\n"
-	ooxmlJPEG = "\xff\xd8\xff\xe0"
-	xmlHead   = `<?xml version="1.0" encoding="UTF-8" standalone="yes"?>` + "\n"
-)
-
-var (
-	ooxmlDOCX = ooxmlKind{
-		ext: "docx", typ: "DOCX", mainPart: "word/document.xml",
-		mainType: "application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml",
-		extra: []ooxmlPart{
-			{name: "word/document.xml", data: []byte(xmlHead + `<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body><w:p><w:r><w:t>Quarterly report</w:t></w:r></w:p></w:body></w:document>`)},
-			{name: "word/styles.xml", data: []byte(xmlHead + `<w:styles xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"/>`)},
-			{name: "word/_rels/document.xml.rels", data: []byte(xmlHead + `<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/image" Target="media/image1.png"/><Relationship Id="rId2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/image" Target="media/image2.jpeg"/></Relationships>`)},
-			{name: "word/media/"},
-			{name: "word/media/image1.png", data: ooxmlMedia(1, ooxmlPNG, 40000), stored: true},
-			{name: "word/media/image2.jpeg", data: ooxmlMedia(2, ooxmlJPEG, 70000)},
-		},
-	}
-	ooxmlXLSX = ooxmlKind{
-		ext: "xlsx", typ: "XLSX", mainPart: "xl/workbook.xml",
-		mainType: "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml",
-		extra: []ooxmlPart{
-			{name: "xl/workbook.xml", data: []byte(xmlHead + `<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"><sheets><sheet name="Sheet1" sheetId="1" r:id="rId1"/></sheets></workbook>`)},
-			{name: "xl/_rels/workbook.xml.rels", data: []byte(xmlHead + `<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/worksheet" Target="worksheets/sheet1.xml"/></Relationships>`)},
-			{name: "xl/worksheets/"},
-			{name: "xl/worksheets/sheet1.xml", data: []byte(xmlHead + `<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main"><sheetData><row r="1"><c r="A1" t="inlineStr"><is><t>42</t></is></c></row></sheetData></worksheet>`)},
-			{name: "xl/media/image1.png", data: ooxmlMedia(3, ooxmlPNG, 90000)},
-		},
-	}
-	ooxmlPPTX = ooxmlKind{
-		ext: "pptx", typ: "PPTX", mainPart: "ppt/presentation.xml",
-		mainType: "application/vnd.openxmlformats-officedocument.presentationml.presentation.main+xml",
-		extra: []ooxmlPart{
-			{name: "ppt/presentation.xml", data: []byte(xmlHead + `<p:presentation xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"><p:sldIdLst><p:sldId id="256" r:id="rId1"/></p:sldIdLst></p:presentation>`)},
-			{name: "ppt/_rels/presentation.xml.rels", data: []byte(xmlHead + `<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/slide" Target="slides/slide1.xml"/></Relationships>`)},
-			{name: "ppt/slides/slide1.xml", data: []byte(xmlHead + `<p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main"><p:cSld><p:spTree/></p:cSld></p:sld>`)},
-			{name: "ppt/media/"},
-			{name: "ppt/media/image1.png", data: ooxmlMedia(4, ooxmlPNG, 30000), stored: true},
-			{name: "ppt/media/image2.png", data: []byte{}}, // an empty part
-		},
-	}
-	ooxmlXLTX = ooxmlKind{
-		ext: "xltx", typ: "XLTX", mainPart: "xl/workbook.xml",
-		mainType: "application/vnd.openxmlformats-officedocument.spreadsheetml.template.main+xml",
-		extra: []ooxmlPart{
-			{name: "xl/workbook.xml", data: []byte(xmlHead + `<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main"><sheets/></workbook>`)},
-			{name: "xl/media/image1.jpeg", data: ooxmlMedia(6, ooxmlJPEG, 120000)},
-		},
-	}
-)
-
-// ooxmlBuild builds a package of kind k: [Content_Types].xml, _rels/.rels,
-// docProps/core.xml, docProps/app.xml, then k's parts.
-func ooxmlBuild(t *testing.T, k ooxmlKind, more ...ooxmlPart) ooxmlFile {
-	t.Helper()
-	var overrides strings.Builder
-	fmt.Fprintf(&overrides, `<Override PartName="/%s" ContentType="%s"/>`, k.mainPart, k.mainType)
-	for _, p := range append(append([]ooxmlPart{}, k.extra...), more...) {
-		switch {
-		case strings.HasPrefix(p.name, "xl/worksheets/sheet"):
-			fmt.Fprintf(&overrides, `<Override PartName="/%s" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.worksheet+xml"/>`, p.name)
-		case strings.HasPrefix(p.name, "ppt/slides/slide"):
-			fmt.Fprintf(&overrides, `<Override PartName="/%s" ContentType="application/vnd.openxmlformats-officedocument.presentationml.slide+xml"/>`, p.name)
-		}
-	}
-	parts := []ooxmlPart{
-		{name: "[Content_Types].xml", data: []byte(xmlHead + `<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">` +
-			`<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>` +
-			`<Default Extension="xml" ContentType="application/xml"/><Default Extension="png" ContentType="image/png"/>` +
-			`<Default Extension="jpeg" ContentType="image/jpeg"/><Default Extension="txt" ContentType="text/plain"/>` +
-			overrides.String() +
-			`<Override PartName="/docProps/core.xml" ContentType="application/vnd.openxmlformats-package.core-properties+xml"/>` +
-			`<Override PartName="/docProps/app.xml" ContentType="application/vnd.openxmlformats-officedocument.extended-properties+xml"/></Types>`)},
-		{name: "_rels/"},
-		{name: "_rels/.rels", data: []byte(xmlHead + `<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">` +
-			`<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument" Target="` + k.mainPart + `"/>` +
-			`<Relationship Id="rId2" Type="http://schemas.openxmlformats.org/package/2006/relationships/metadata/core-properties" Target="docProps/core.xml"/>` +
-			`<Relationship Id="rId3" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/extended-properties" Target="docProps/app.xml"/></Relationships>`)},
-		{name: "docProps/core.xml", data: []byte(xmlHead + `<cp:coreProperties xmlns:cp="http://schemas.openxmlformats.org/package/2006/metadata/core-properties" xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>coresim test</dc:title><dc:creator>coresim</dc:creator></cp:coreProperties>`)},
-		{name: "docProps/app.xml", data: []byte(xmlHead + `<Properties xmlns="http://schemas.openxmlformats.org/officeDocument/2006/extended-properties"><Application>coresim</Application></Properties>`)},
-	}
-	parts = append(parts, k.extra...)
-	parts = append(parts, more...)
-
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	f := ooxmlFile{}
-	for _, p := range parts {
-		if strings.HasSuffix(p.name, "/") {
-			if _, err := zw.Create(p.name); err != nil {
-				t.Fatalf("zip Create(%q) error = %v, want nil", p.name, err)
-			}
-			f.dirs++
-			continue
-		}
-		method := zip.Deflate
-		if p.stored {
-			method = zip.Store
-		}
-		w, err := zw.CreateHeader(&zip.FileHeader{Name: p.name, Method: method})
-		if err != nil {
-			t.Fatalf("zip CreateHeader(%q) error = %v, want nil", p.name, err)
-		}
-		if _, err := w.Write(p.data); err != nil {
-			t.Fatalf("zip Write(%q) error = %v, want nil", p.name, err)
-		}
-		f.parts = append(f.parts, p)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatalf("zip Close() error = %v, want nil", err)
-	}
-	f.data = buf.Bytes()
-	return f
-}
-
-// hashesOf returns the md5, sha1 and sha256 of b in hex.
-func hashesOf(b []byte) (md, s1, s256 string) {
-	m, a, c := md5.Sum(b), sha1.Sum(b), sha256.Sum256(b)
-	return hex.EncodeToString(m[:]), hex.EncodeToString(a[:]), hex.EncodeToString(c[:])
-}
 
 // partType is the type inspect reports for a part name.
 func partType(name string) string {
@@ -186,22 +24,6 @@ func partType(name string) string {
 		return "TXT"
 	}
 	return "BIN"
-}
-
-// assertDirEmpty fails unless dir holds nothing (the spool file was removed).
-func assertDirEmpty(t *testing.T, dir string) {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatalf("os.ReadDir(%s) error = %v, want nil", dir, err)
-	}
-	if len(entries) != 0 {
-		names := []string{}
-		for _, e := range entries {
-			names = append(names, e.Name())
-		}
-		t.Errorf("temporary dir %s holds %v, want nothing", dir, names)
-	}
 }
 
 var ooxmlKinds = []ooxmlKind{ooxmlDOCX, ooxmlXLSX, ooxmlPPTX, ooxmlXLTX}
@@ -291,29 +113,6 @@ func TestInspectOOXMLSubmitted(t *testing.T) {
 			assertDirEmpty(t, h.sim.cfg.TempDir)
 		})
 	}
-}
-
-// eicarChunkReader returns its data n bytes a read at most.
-type eicarChunkReader struct {
-	data []byte
-	n    int
-}
-
-func (r *eicarChunkReader) Read(p []byte) (int, error) {
-	if len(r.data) == 0 {
-		return 0, io.EOF
-	}
-	k := min(len(p), r.n, len(r.data))
-	copy(p, r.data[:k])
-	r.data = r.data[k:]
-	return k, nil
-}
-
-// withEICAR returns size bytes of filler with the EICAR string at offset at.
-func withEICAR(size, at int) []byte {
-	b := bytes.Repeat([]byte{'.'}, size)
-	copy(b[at:], eicar)
-	return b
 }
 
 // TestInspectEICAR checks plain bodies: the string anywhere is found, a near miss is not.
@@ -537,21 +336,6 @@ func TestInspectNotZip(t *testing.T) {
 			assertDirEmpty(t, dir)
 		})
 	}
-}
-
-// cutReader returns its data, then err.
-type cutReader struct {
-	data []byte
-	err  error
-}
-
-func (r *cutReader) Read(p []byte) (int, error) {
-	if len(r.data) == 0 {
-		return 0, r.err
-	}
-	n := copy(p, r.data)
-	r.data = r.data[n:]
-	return n, nil
 }
 
 // TestInspectErrors checks a failing read or spool gives an error and leaves no file.

@@ -10,30 +10,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// modelNear reports whether two amounts of core-seconds are equal but for rounding.
-func modelNear(got, want float64) bool {
-	return math.Abs(got-want) <= 1e-9*max(1, math.Abs(want))
-}
-
-// modelPaid reports whether a charge's channel is closed, without waiting.
-func modelPaid(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
-// modelSpentTotal sums the core-seconds spent by every kind of work.
-func modelSpentTotal(spent [numWork]float64) float64 {
-	total := 0.0
-	for _, s := range spent {
-		total += s
-	}
-	return total
-}
-
 func TestWorkString(t *testing.T) {
 	for _, tc := range []struct {
 		w    work

@@ -1,7 +1,6 @@
 package coresim
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,77 +14,6 @@ import (
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
 )
-
-// safety bounds every wait of these tests in real time.
-const safety = 10 * time.Second
-
-// started is what Run reports once it listens.
-type started struct{ api, admin net.Addr }
-
-// startRun runs Run with environ until the test ends, and returns the addresses it
-// listens on and a function that stops it and returns its error.
-func startRun(t *testing.T, environ map[string]string) (addrs started, stop func() (logs string, err error)) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var logbuf bytes.Buffer
-	up := make(chan started, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, environ, &logbuf, func(api, admin net.Addr) { up <- started{api, admin} })
-	}()
-	var stopped bool
-	var runErr error
-	stop = func() (string, error) {
-		if !stopped {
-			stopped = true
-			cancel()
-			select {
-			case runErr = <-done:
-			case <-time.After(safety):
-				t.Fatalf("Run did not return %v after its context ended", safety)
-			}
-		}
-		return logbuf.String(), runErr
-	}
-	t.Cleanup(func() { stop() })
-	select {
-	case addrs = <-up:
-	case err := <-done:
-		stopped = true
-		cancel()
-		t.Fatalf("Run(%v) = %v before listening, want it to serve", environ, err)
-	case <-time.After(safety):
-		t.Fatalf("Run(%v) did not listen within %v", environ, safety)
-	}
-	return addrs, stop
-}
-
-// newClient returns a client of its own, whose connections are closed when the test
-// ends.
-func newClient(t *testing.T) *http.Client {
-	t.Helper()
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: safety}
-}
-
-func call(t *testing.T, c *http.Client, method, url string, body []byte) (int, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the body: %v", method, url, err)
-	}
-	return resp.StatusCode, b
-}
 
 // TestRun serves the emulator at a speed-up of 100: a submission is scanned and its
 // result polled to completion in real time, the admin listener exports the emulator's
