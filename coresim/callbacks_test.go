@@ -8,6 +8,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestCallbackRetries checks the delivery schedule of callbacks on virtual time: the
@@ -89,15 +92,17 @@ func TestCallbackRetries(t *testing.T) {
 			}
 			lastCode := tc.codes[min(len(want), len(tc.codes))-1]
 			for _, m := range []struct {
-				name, result string
-				want         float64
+				name   string
+				vec    *prometheus.CounterVec
+				result string
+				want   float64
 			}{
-				{"coresim_callbacks_total", "delivered", delivered},
-				{"coresim_callbacks_total", "failed", failed},
-				{"coresim_callback_attempts_total", "ok", ok},
-				{"coresim_callback_attempts_total", "error", errors},
+				{"coresim_callbacks_total", r.sim.m.callbacks, "delivered", delivered},
+				{"coresim_callbacks_total", r.sim.m.callbacks, "failed", failed},
+				{"coresim_callback_attempts_total", r.sim.m.callbackAttempts, "ok", ok},
+				{"coresim_callback_attempts_total", r.sim.m.callbackAttempts, "error", errors},
 			} {
-				if got := r.metricOr0(m.name, "result", m.result); got != m.want {
+				if got := testutil.ToFloat64(m.vec.WithLabelValues(m.result)); got != m.want {
 					t.Errorf("%s{result=%q} = %v, want %v", m.name, m.result, got, m.want)
 				}
 			}
@@ -139,10 +144,10 @@ func TestCallbackUnreachable(t *testing.T) {
 	if want := []time.Duration{100 * ms, 1100 * ms, 3100 * ms}; !slices.Equal(at, want) {
 		t.Errorf("attempts in the steps ending at %v, want %v", at, want)
 	}
-	if got := r.metricOr0("coresim_callback_attempts_total", "result", "error"); got != 3 {
+	if got := testutil.ToFloat64(r.sim.m.callbackAttempts.WithLabelValues("error")); got != 3 {
 		t.Errorf(`coresim_callback_attempts_total{result="error"} = %v, want 3`, got)
 	}
-	if got := r.metricOr0("coresim_callbacks_total", "result", "failed"); got != 1 {
+	if got := testutil.ToFloat64(r.sim.m.callbacks.WithLabelValues("failed")); got != 1 {
 		t.Errorf(`coresim_callbacks_total{result="failed"} = %v, want 1`, got)
 	}
 	var st webhookStatus

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestMetrics follows three files through the cores and reads every gauge and counter
@@ -123,6 +125,20 @@ func TestMetrics(t *testing.T) {
 	} {
 		if got := r.metric("coresim_core_seconds_total", "work", m.work); !modelNear(got, m.want) {
 			t.Errorf(`coresim_core_seconds_total{work=%q} = %v, want %v`, m.work, got, m.want)
+		}
+	}
+	// No other series: label values come from fixed sets, a series exists once counted.
+	for _, m := range []struct {
+		name string
+		want int
+	}{
+		{"coresim_submissions_total", 1},
+		{"coresim_fetches_total", 5},
+		{"coresim_core_seconds_total", 4},
+		{"coresim_callbacks_total", 0},
+	} {
+		if got, err := testutil.GatherAndCount(r.reg, m.name); err != nil || got != m.want {
+			t.Errorf("series of %s = %d, %v, want %d", m.name, got, err, m.want)
 		}
 	}
 }

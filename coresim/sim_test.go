@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestBoundedGoroutines submits thousands of files while the model stands still: the
@@ -55,7 +57,7 @@ func TestQueueSize(t *testing.T) {
 	if code != http.StatusServiceUnavailable || msg != "Server is too busy. Try again later." {
 		t.Errorf("POST /file with %d queued = %d %q, want 503 %q", cfg.QueueSize, code, msg, "Server is too busy. Try again later.")
 	}
-	if got := r.metric("coresim_submissions_total", "result", "busy"); got != 1 {
+	if got := testutil.ToFloat64(r.sim.m.submissions.WithLabelValues("busy")); got != 1 {
 		t.Errorf(`coresim_submissions_total{result="busy"} = %v, want 1`, got)
 	}
 	// One step moves two files to the cores: room for two more, not three.
@@ -68,7 +70,7 @@ func TestQueueSize(t *testing.T) {
 	if code, _ := r.submit([]byte("again, too many"), nil); code != http.StatusServiceUnavailable {
 		t.Errorf("POST /file with a full queue again = %d, want 503", code)
 	}
-	if got := r.metric("coresim_submissions_total", "result", "accepted"); got != 7 {
+	if got := testutil.ToFloat64(r.sim.m.submissions.WithLabelValues("accepted")); got != 7 {
 		t.Errorf(`coresim_submissions_total{result="accepted"} = %v, want 7`, got)
 	}
 }
@@ -255,7 +257,7 @@ func TestFetchWait(t *testing.T) {
 			t.Fatalf("waiting fetch %d at %v: not served, want 200", i+1, at)
 		}
 	}
-	if got := r.metric("coresim_fetches_total", "kind", "result", "result", "rejected"); got != 2 {
+	if got := testutil.ToFloat64(r.sim.m.fetches.WithLabelValues("result", "rejected")); got != 2 {
 		t.Errorf("coresim_fetches_total{result=rejected} = %v, want 2", got)
 	}
 }
@@ -307,13 +309,13 @@ func TestFetchLimit(t *testing.T) {
 			}
 			served, rej := 0.0, 0.0
 			for _, k := range tc.kinds {
-				served += r.metric("coresim_fetches_total", "kind", k, "result", "served")
-				rej += r.metric("coresim_fetches_total", "kind", k, "result", "rejected")
+				served += testutil.ToFloat64(r.sim.m.fetches.WithLabelValues(k, "served"))
+				rej += testutil.ToFloat64(r.sim.m.fetches.WithLabelValues(k, "rejected"))
 			}
 			if int(served) != accepted || int(rej) != rejected {
 				t.Errorf("coresim_fetches_total served, rejected = %v, %v, want %d, %d", served, rej, accepted, rejected)
 			}
-			if got, want := r.metric("coresim_submissions_total", "result", "accepted"), float64(int(tc.span/(100*time.Millisecond))+2); got != want {
+			if got, want := testutil.ToFloat64(r.sim.m.submissions.WithLabelValues("accepted")), float64(int(tc.span/(100*time.Millisecond))+2); got != want {
 				t.Errorf(`coresim_submissions_total{result="accepted"} = %v, want %v: POST /file is never limited`, got, want)
 			}
 		})
@@ -444,7 +446,7 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 	}
 	wg.Wait()
 	out.learned = len(learned)
-	if got := r.metric("coresim_files_completed_total"); got != float64(files) {
+	if got := testutil.ToFloat64(r.sim.m.filesCompleted); got != float64(files) {
 		t.Errorf("coresim_files_completed_total = %v, want %d", got, files)
 	}
 	_, _, spent := r.sim.model.Load()
@@ -452,8 +454,7 @@ func runSeedWorkload(t *testing.T, cfg Config, files int, body []byte, poll bool
 	if got := r.metric("coresim_core_seconds_total", "work", "reject"); got != out.rejectSpent {
 		t.Errorf(`coresim_core_seconds_total{work="reject"} = %v, want Load's %v`, got, out.rejectSpent)
 	}
-	// A series of a counter vector exists once counted.
-	if got, _ := rigGather(t, r.reg, "coresim_fetches_total", "kind", "result", "result", "rejected"); int(got) != out.rejected {
+	if got := testutil.ToFloat64(r.sim.m.fetches.WithLabelValues("result", "rejected")); int(got) != out.rejected {
 		t.Errorf(`coresim_fetches_total{kind="result",result="rejected"} = %v, want the %d 503 answers`, got, out.rejected)
 	}
 	return out
