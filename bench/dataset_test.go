@@ -11,9 +11,6 @@ import (
 	"testing"
 )
 
-// smallSpec is a data set small enough for a unit test, with the seed's shape.
-var smallSpec = DataSpec{Files: 12, MinBytes: 20_000, MaxBytes: 400_000, MeanSize: 80_000, MeanObjects: 20, Seed: 7}
-
 func TestSizesFollowSpec(t *testing.T) {
 	for _, spec := range []DataSpec{SeedData, QuickData, smallSpec} {
 		sizes := spec.Sizes()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"image/png"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,38 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
-
-	"github.com/mdproxy/mdproxy/coresim"
-	"github.com/mdproxy/mdproxy/sidecar"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// testEnv is an emulator configuration fast enough for a unit test, and mdproxy's
-// shipped wiring for the Proxy-N cases, as mdbench runs it.
-func testEnv() Env {
-	cfg := coresim.DefaultConfig()
-	cfg.Speedup = 50
-	cfg.Tick = time.Millisecond
-	return Env{Sim: cfg, StartProxy: startProxy}
-}
-
-// startProxy runs mdproxy in-process with environ, logging warnings to stderr.
-func startProxy(ctx context.Context, environ map[string]string) (string, func() error, error) {
-	environ = maps.Clone(environ)
-	environ["MDPROXY_LOG_LEVEL"] = "warn"
-	return sidecar.Start(ctx, environ, os.Stderr)
-}
-
-// testWorkload is the seed's client at a small scale.
-func testWorkload(n int) Workload {
-	w := SeedWorkload
-	w.Submissions = n
-	w.Deadline = 2 * time.Hour
-	return w
-}
 
 // TestRunScenarios plays each kind of case end to end over loopback HTTP: every
 // submission gets its result, fetches are counted, the figures are consistent.

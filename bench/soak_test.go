@@ -17,28 +17,6 @@ import (
 	"github.com/mdproxy/mdproxy/coresim"
 )
 
-// soakSeriesOf builds samples: a baseline, one load sample a second whose metrics are
-// given by f(i), and an idle sample with idleGoroutines.
-func soakSeriesOf(n int, f func(i int) SoakSample, idleGoroutines float64) []SoakSample {
-	base := SoakSample{Phase: "baseline", RSSBytes: 10 << 20, HeapInuseBytes: 2 << 20, Goroutines: 10, OpenFDs: 12}
-	out := []SoakSample{base}
-	for i := range n {
-		s := f(i)
-		s.T, s.Phase = float64(i+1), "load"
-		out = append(out, s)
-	}
-	idle := base
-	idle.T, idle.Phase, idle.Goroutines = float64(n+1), "idle", idleGoroutines
-	return append(out, idle)
-}
-
-// steady is a load sample with the values of a healthy proxy under load, with a
-// garbage collector's saw-tooth on the heap and a few requests more or less in flight.
-func steady(i int) SoakSample {
-	return SoakSample{RSSBytes: 17 << 20, HeapInuseBytes: float64(4<<20 + (i%3)<<19),
-		Goroutines: float64(40 + i%4), OpenFDs: float64(28 + i%3)}
-}
-
 func TestJudgeSoak(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
