@@ -159,7 +159,7 @@ func TestRetention(t *testing.T) {
 	}
 }
 
-// rigFlood offers far more fetches than Core's own limit allows, n at each step of
+// flood offers far more fetches than Core's own limit allows, n at each step of
 // 100 ms over span, and returns how many were accepted and rejected; every rejection
 // must be a 503 with a Core-style body. post, when true, submits a file at each step as
 // well: submissions are not limited.
