@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"sync"
@@ -29,6 +30,13 @@ type TransportOptions struct {
 	// larger of it and ResponseHeaderTimeout. Idle pooled connections are closed
 	// after it too. Default 60 s; negative turns the bound off.
 	BodyIdleTimeout time.Duration
+	// TLSClientConfig is the TLS configuration towards an https Core: the CAs that
+	// verify it, the client certificate, the server name. The transport reads it for
+	// each new connection: it must not be changed once in use. nil means Go's defaults
+	// (the system's roots, no client certificate). It has no effect on an http Core.
+	// TLS runs over the connection DialContext returns, so the body idle bound holds
+	// under it; connections to Core stay HTTP/1.1 either way.
+	TLSClientConfig *tls.Config
 }
 
 // NewTransport returns the http.Transport to Core: explicit timeouts, no proxy from the
@@ -75,6 +83,7 @@ func NewTransport(o TransportOptions) *http.Transport {
 		ResponseHeaderTimeout: o.ResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 		TLSHandshakeTimeout:   o.DialTimeout,
+		TLSClientConfig:       o.TLSClientConfig,
 		DisableCompression:    true,
 	}
 }
