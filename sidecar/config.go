@@ -73,6 +73,29 @@ type Config struct {
 	upstream *url.URL
 	trusted  []netip.Prefix
 	level    slog.Level
+
+	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go). File names are read at start; see validateTLS.
+
+	// TLSCertFile is the PEM certificate (chain, leaf first) that the proxy listener
+	// serves HTTPS with, and TLSKeyFile its PEM private key. Both or neither; neither
+	// (the default) serves plain HTTP. Both files are read again when they changed (a
+	// renewed Secret), at most every few seconds, on a new connection; a renewal that
+	// does not load keeps the certificate served and is logged.
+	TLSCertFile string `env:"TLS_CERT_FILE"`
+	TLSKeyFile  string `env:"TLS_KEY_FILE"`
+	// UpstreamCAFile is a PEM bundle of the CA certificates that an https upstream's
+	// certificate is verified against. Default none: the system's roots.
+	UpstreamCAFile string `env:"UPSTREAM_CA_FILE"`
+	// UpstreamCertFile and UpstreamKeyFile are the PEM client certificate and key
+	// presented to an https upstream that asks for one (mutual TLS), reloaded as
+	// TLSCertFile is. Both or neither; default none.
+	UpstreamCertFile string `env:"UPSTREAM_CERT_FILE"`
+	UpstreamKeyFile  string `env:"UPSTREAM_KEY_FILE"`
+	// UpstreamServerName is the name sent to an https upstream in TLS's SNI and that
+	// its certificate must carry. Default: the host of UpstreamURL.
+	UpstreamServerName string `env:"UPSTREAM_SERVER_NAME"`
+
+	tlsLoaded tlsSettings
 }
 
 // DefaultLimits are the limits of routes whose variables are unset; every other route is
@@ -170,7 +193,7 @@ func (c *Config) validate(environ map[string]string) error {
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return bad("LOG_LEVEL", "want debug, info, warn or error")
 	}
-	return nil
+	return c.validateTLS(environ).Err()
 }
 
 // validListenAddr reports whether a is host:port with a numeric port of 0 to 65535.

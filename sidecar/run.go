@@ -68,6 +68,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		DialTimeout:           cfg.DialTimeout,
 		ResponseHeaderTimeout: cfg.UpstreamTimeout,
 		BodyIdleTimeout:       cfg.BodyIdleTimeout,
+		TLSClientConfig:       cfg.upstreamTLS(log),
 	}
 	tr := proxy.NewTransport(topts)
 	// Pooled connections to Core end with Run: no goroutine of them outlives it.
@@ -101,6 +102,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	var stopping atomic.Bool
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	srv := newServer(cfg, h, errLog)
+	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
 	admin := &http.Server{
@@ -178,10 +180,11 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 }
 
 // Start runs Run with environ and logw in a goroutine of its own and returns once
-// mdproxy listens: the proxy listener's URL (http://host:port, so listen on an address
-// that can be dialled, e.g. 127.0.0.1:0) and stop, which shuts mdproxy down as the end
-// of ctx would, waits for Run to return and returns Run's error (nil after a clean
-// shutdown); calling stop again returns the same error. When ctx ends mdproxy shuts
+// mdproxy listens: the proxy listener's URL (http://host:port, https:// with
+// MDPROXY_TLS_CERT_FILE, so listen on an address that can be dialled, e.g.
+// 127.0.0.1:0) and stop, which shuts mdproxy down as the end of ctx would, waits for
+// Run to return and returns Run's error (nil after a clean shutdown); calling stop
+// again returns the same error. When ctx ends mdproxy shuts
 // down too, and stop must still be called to wait for it. When Run fails before it
 // listens, Start returns its error (a *ConfigError for a bad setting) and a nil stop.
 // It serves programs that run mdproxy in-process, such as the benchmark.
@@ -194,7 +197,11 @@ func Start(ctx context.Context, environ map[string]string, logw io.Writer) (prox
 	}()
 	select {
 	case a := <-listening:
-		return "http://" + a.String(), sync.OnceValue(func() error {
+		scheme := "http://"
+		if environ[EnvPrefix+"TLS_CERT_FILE"] != "" {
+			scheme = "https://"
+		}
+		return scheme + a.String(), sync.OnceValue(func() error {
 			cancel()
 			return <-done
 		}), nil
