@@ -42,6 +42,15 @@ type Limit struct {
 	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
 }
 
+// filled returns l with the Burst that 0 stands for filled in: ceil(Rate), at least 1,
+// when Rate is above 0.
+func (l Limit) filled() Limit {
+	if l.Rate > 0 && l.Burst == 0 {
+		l.Burst = max(1, int(math.Ceil(l.Rate)))
+	}
+	return l
+}
+
 // Unlimited reports whether l lets every request through at once.
 func (l Limit) Unlimited() bool { return l.Rate == 0 && l.ClientLimit == 0 }
 
@@ -155,9 +164,7 @@ func NewBucket(l Limit, now func() time.Time, opts ...Option) (*Bucket, error) {
 	if now == nil {
 		now = time.Now
 	}
-	if l.Rate > 0 && l.Burst == 0 {
-		l.Burst = max(1, int(math.Ceil(l.Rate)))
-	}
+	l = l.filled()
 	b := &Bucket{limit: l, now: now}
 	if l.Rate > 0 {
 		// A new bucket starts full: its burst is available at once.
@@ -409,9 +416,9 @@ func NewSet(limits map[string]Limit, now func() time.Time, opts ...Option) (*Set
 }
 
 // Update returns a Set for limits (route name to Limit) that keeps, for each route
-// whose Limit is the same as in s, s's own bucket with its tokens, waiting requests and
-// per-client counts, and builds a new, full bucket for each route whose Limit changed,
-// on s's clock and options. changed lists, sorted, the routes whose Limit changed,
+// whose Limit is the same as in s (a Burst of 0 and one of ceil(Rate) are the same),
+// s's own bucket with its tokens, waiting requests and per-client counts, and builds a
+// new, full bucket for each route whose Limit changed, on s's clock and options. changed lists, sorted, the routes whose Limit changed,
 // appeared or disappeared. s itself is not changed: requests holding one of its
 // buckets finish on it. It returns the first invalid limit's error, naming its route,
 // and a nil Set then. Update of a nil Set is NewSet(limits, nil).
@@ -424,7 +431,7 @@ func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err 
 		return nil, nil, err
 	}
 	for route, l := range limits {
-		if old, ok := s.limits[route]; !ok || old != l {
+		if old, ok := s.limits[route]; !ok || old.filled() != l.filled() {
 			changed = append(changed, route)
 		}
 	}
@@ -456,7 +463,7 @@ func newSet(limits map[string]Limit, prev *Set, now func() time.Time, opts []Opt
 		if l.Unlimited() {
 			continue
 		}
-		if prev != nil && prev.buckets[route] != nil && prev.limits[route] == l {
+		if prev != nil && prev.buckets[route] != nil && prev.limits[route].filled() == l.filled() {
 			s.buckets[route] = prev.buckets[route]
 			continue
 		}

@@ -801,9 +801,9 @@ func TestSetUpdate(t *testing.T) {
 		t.Error("old Set's Bucket(hash_lookup) after Update = nil, want its bucket")
 	}
 
-	// Nothing changed: every bucket is kept.
+	// Nothing changed (burst 0 is ceil(rate)): every bucket is kept.
 	again, changed, err := next.Update(map[string]limiter.Limit{
-		"file_result": {Rate: 1, Burst: 1}, "batch_status": {Rate: 10, Burst: 10},
+		"file_result": {Rate: 1, Burst: 1}, "batch_status": {Rate: 10},
 		"file_submit": {Rate: 3}, "stat": {},
 	})
 	if err != nil || len(changed) != 0 {
