@@ -74,7 +74,8 @@ type Config struct {
 	trusted  []netip.Prefix
 	level    slog.Level
 
-	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go). File names are read at start; see validateTLS.
+	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go and
+	// sidecar/admin.go). File names are read at start; see validateTLS.
 
 	// TLSCertFile is the PEM certificate (chain, leaf first) that the proxy listener
 	// serves HTTPS with, and TLSKeyFile its PEM private key. Both or neither; neither
@@ -94,6 +95,9 @@ type Config struct {
 	// UpstreamServerName is the name sent to an https upstream in TLS's SNI and that
 	// its certificate must carry. Default: the host of UpstreamURL.
 	UpstreamServerName string `env:"UPSTREAM_SERVER_NAME"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on the admin listener. Default
+	// false: /debug/pprof/ answers 404.
+	Pprof bool `env:"PPROF"`
 
 	tlsLoaded tlsSettings
 }

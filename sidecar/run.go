@@ -106,7 +106,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
 	admin := &http.Server{
-		Handler:           adminHandler(reg, &stopping),
+		Handler:           adminHandler(reg, &stopping, cfg, limits),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadHeaderTimeout,
 		WriteTimeout:      cfg.BodyIdleTimeout,
@@ -121,13 +121,8 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
 		"version", version, "revision", revision)
-	for _, name := range proxy.RouteNames() {
-		if b := limits.Bucket(name); b != nil {
-			l := b.Limit()
-			log.Info("route limited", "route", name, "rate_per_s", l.Rate, "burst", l.Burst,
-				"max_wait", l.MaxWait.String(), "client_limit", l.ClientLimit)
-		}
-	}
+	settings := settingsOf(cfg, limits) // as /config answers them
+	log.Info("settings", "variables", settings.Variables, "routes", settings.Routes)
 	if unknown := unknownVariables(environ); len(unknown) > 0 {
 		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}
@@ -251,8 +246,10 @@ func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
 
 // adminHandler serves /metrics from reg, /healthz (200 while the process runs) and
 // /readyz (200 until shutdown starts, then 503 while the proxy still serves for
-// MDPROXY_SHUTDOWN_DELAY, so a load balancer stops sending before the listener closes).
-func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool) http.Handler {
+// MDPROXY_SHUTDOWN_DELAY, so a load balancer stops sending before the listener closes),
+// /config (cfg's effective settings, each route's limit read from limits at the time)
+// and, with MDPROXY_PPROF, /debug/pprof/.
+func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool, cfg *Config, limits proxy.Limits) http.Handler {
 	r := chi.NewRouter()
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -265,5 +262,6 @@ func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool) http.Handler 
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
+	mountAdminExtras(r, cfg, limits) // /config, /debug/pprof/
 	return r
 }

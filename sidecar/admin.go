@@ -1,0 +1,116 @@
+package sidecar
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/proxy"
+)
+
+// effectiveSettings are mdproxy's effective settings, as /config answers them and the
+// start-up "settings" line logs them.
+type effectiveSettings struct {
+	// Variables holds every variable of Config by name (MDPROXY_LISTEN_ADDR, ...) with
+	// its value once defaults are applied: durations with their unit ("60s"), lists as
+	// JSON arrays, MDPROXY_UPSTREAM_URL with any password redacted, the trusted proxies
+	// as the prefixes they were read as. The per-route variables are in Routes.
+	Variables map[string]any `json:"variables"`
+	// Routes holds every route's limit as its bucket applies it.
+	Routes map[string]routeLimit `json:"routes"`
+}
+
+// routeLimit is a route's effective limit: zero Rate and ClientLimit for an
+// unlimited route (whose burst and wait, if set, have no effect and read 0).
+type routeLimit struct {
+	// Rate is in requests per second; 0: no rate.
+	Rate float64 `json:"rate_per_s"`
+	// Burst is in requests, filled in when its variable was 0 (ceil(rate), at least 1).
+	Burst int `json:"burst"`
+	// MaxWait is a duration with its unit, e.g. "2s".
+	MaxWait string `json:"max_wait"`
+	// ClientLimit is in requests per ClientWindow; 0: no per-client share.
+	ClientLimit int `json:"client_limit"`
+	// ClientWindow is a duration with its unit, "1s" when its variable was 0; "0s"
+	// without a per-client share.
+	ClientWindow string `json:"client_window"`
+}
+
+// settingsOf returns the effective settings of c, each route's limit as limits gives
+// its bucket at the time of the call (a reload shows at once). It reads c only and is
+// safe for concurrent use when limits is. Nothing secret is in c: file names are given,
+// never their content, and a password in the upstream URL is redacted.
+func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
+	s := effectiveSettings{Variables: map[string]any{}, Routes: map[string]routeLimit{}}
+	v := reflect.ValueOf(c).Elem()
+	for _, f := range reflect.VisibleFields(v.Type()) {
+		key, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if !f.IsExported() || key == "" || key == "-" {
+			continue
+		}
+		var val any
+		switch x := v.FieldByIndex(f.Index).Interface().(type) {
+		case time.Duration:
+			val = x.String()
+		case []string:
+			val = append([]string{}, x...) // [] rather than null
+		default:
+			val = x
+		}
+		s.Variables[EnvPrefix+key] = val
+	}
+	if c.upstream != nil {
+		s.Variables[EnvPrefix+"UPSTREAM_URL"] = c.upstream.Redacted()
+	}
+	trusted := make([]string, len(c.trusted))
+	for i, p := range c.trusted {
+		trusted[i] = p.String()
+	}
+	s.Variables[EnvPrefix+"TRUSTED_PROXIES"] = trusted
+	s.Variables[EnvPrefix+"LOG_LEVEL"] = strings.ToLower(c.level.String())
+
+	for _, name := range proxy.RouteNames() {
+		var l limiter.Limit
+		if limits != nil {
+			l = limits.Bucket(name).Limit()
+		}
+		window := l.ClientWindow
+		if l.ClientLimit > 0 && window == 0 {
+			window = time.Second
+		}
+		s.Routes[name] = routeLimit{Rate: l.Rate, Burst: l.Burst, MaxWait: l.MaxWait.String(),
+			ClientLimit: l.ClientLimit, ClientWindow: window.String()}
+	}
+	return s
+}
+
+// mountAdminExtras adds to the admin router r /config, which answers settingsOf(c,
+// limits) as JSON at each request, and, when c.Pprof is set, net/http/pprof's
+// handlers under /debug/pprof/ (a CPU profile or trace longer than the admin port's
+// write timeout, MDPROXY_BODY_IDLE_TIMEOUT, is refused by pprof itself). Without
+// c.Pprof, /debug/pprof/ answers 404.
+func mountAdminExtras(r chi.Router, c *Config, limits proxy.Limits) {
+	r.Get("/config", func(w http.ResponseWriter, _ *http.Request) {
+		b, err := json.Marshal(settingsOf(c, limits))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(b, '\n'))
+	})
+	if c.Pprof {
+		r.HandleFunc("/debug/pprof/*", pprof.Index) // the index, and each profile by name
+		r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+}
