@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -65,6 +66,11 @@ type Config struct {
 	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
+	// lines, e.g. a Kubernetes ConfigMap mounted as a file), read at start and again on
+	// SIGHUP and when the file changes; its variables take precedence over the
+	// environment's. Default none: the limits are the environment's until a restart.
+	LimitsFile string `env:"LIMITS_FILE"`
 
 	// Limits is each route's limit, from MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT,
 	// _CLIENT_LIMIT and _CLIENT_WINDOW; see DefaultLimits.
@@ -73,6 +79,7 @@ type Config struct {
 	upstream *url.URL
 	trusted  []netip.Prefix
 	level    slog.Level
+	noEffect []string // settings that have no effect, for a warning; see ineffective
 
 	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go and
 	// sidecar/admin.go). File names are read at start; see validateTLS.
@@ -123,42 +130,75 @@ func (e *ConfigError) Unwrap() error { return e.err }
 // LoadConfig reads the configuration from environ (variable name to value, as
 // env.ToMap(os.Environ()) gives; the process environment itself is not read) and
 // validates it. The error, a *ConfigError, names the variable and what it accepts.
+//
+// The route limits are read from MDPROXY_LIMITS_FILE too, when it is set (see
+// loadLimits): a file that cannot be read, or a bad variable in it, is a *ConfigError
+// naming the file (and the variable). Every bad variable is named, one a line (an
+// envconf.Errors), not only the first.
 func LoadConfig(environ map[string]string) (*Config, error) {
 	var c Config
-	if err := envconf.Parse(&c, EnvPrefix, environ); err != nil {
+	var errs envconf.Errors
+	for _, err := range envconf.ParseAll(&c, EnvPrefix, environ) {
+		// What the variable accepts, its range included, rather than only its type.
+		var ee *envconf.Error
+		if errors.As(err, &ee) {
+			if want, ok := configWants[strings.TrimPrefix(ee.Var, EnvPrefix)]; ok {
+				ee.Want = want
+			}
+		}
+		errs.Add(err)
+	}
+	errs.Add(c.validate(environ))
+	limits, noEffect, err := loadLimits(environ, c.LimitsFile)
+	errs.Add(err)
+	if err := errs.Err(); err != nil {
 		return nil, &ConfigError{err}
 	}
-	limits, err := limiter.ParseLimits(environ, EnvPrefix, proxy.RouteNames(), DefaultLimits)
-	if err != nil {
-		return nil, &ConfigError{err}
-	}
-	c.Limits = limits
-	if err := c.validate(environ); err != nil {
-		return nil, &ConfigError{err}
-	}
+	c.Limits, c.noEffect = limits, noEffect
 	return &c, nil
 }
 
-// validate rejects values that parse but make no sense, naming the variable.
+// maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
+// 600 MB a route.
+const maxClientKeys = 10_000_000
+
+// configWants says what the variables whose range validate checks accept, by name
+// less the prefix: the message of a value out of range and of one that does not parse.
+var configWants = map[string]string{
+	"LIMIT_STATUS":          "want 503 or 429",
+	"UPSTREAM_TIMEOUT":      "want a duration with its unit above 0 (e.g. 60s)",
+	"UPSTREAM_DIAL_TIMEOUT": "want a duration with its unit above 0 (e.g. 5s)",
+	"READ_HEADER_TIMEOUT":   "want a duration with its unit above 0 (e.g. 10s)",
+	"IDLE_TIMEOUT":          "want a duration with its unit above 0 (e.g. 120s)",
+	"BODY_IDLE_TIMEOUT":     "want a duration with its unit above 0 (e.g. 60s)",
+	"SHUTDOWN_DELAY":        "want a duration with its unit >= 0 (e.g. 5s); 0 = close the listener at once",
+	"SHUTDOWN_TIMEOUT":      "want a duration with its unit >= 0 (e.g. 30s); 0 = cut in-flight requests at once",
+	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
+}
+
+// validate rejects values that parse but make no sense, naming each such variable, one
+// error a variable (an envconf.Errors); nil when all are good.
 func (c *Config) validate(environ map[string]string) error {
-	bad := func(name, want string) error { return envconf.Invalid(environ, EnvPrefix, name, want) }
+	var errs envconf.Errors
+	bad := func(name, want string) { errs.Add(envconf.Invalid(environ, EnvPrefix, name, want)) }
 	// An address set empty is a mistake: the checks below must see it empty.
 	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{
 		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")
+		bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")
+	} else {
+		c.upstream = u
 	}
-	c.upstream = u
 	if !validListenAddr(c.ListenAddr) {
-		return bad("LISTEN_ADDR", "want a host:port to listen on, port 0 to 65535, e.g. :8009")
+		bad("LISTEN_ADDR", "want a host:port to listen on, port 0 to 65535, e.g. :8009")
 	}
 	// Port 0 gives each listener a free port of its own: the same address twice is fine.
 	if !validListenAddr(c.AdminAddr) || (c.AdminAddr == c.ListenAddr && !strings.HasSuffix(c.AdminAddr, ":0")) {
-		return bad("ADMIN_ADDR", "want a host:port to listen on, port 0 to 65535, not the proxy's, e.g. :9009")
+		bad("ADMIN_ADDR", "want a host:port to listen on, port 0 to 65535, not the proxy's, e.g. :9009")
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {
-		return bad("LIMIT_STATUS", "want 503 or 429")
+		bad("LIMIT_STATUS", configWants["LIMIT_STATUS"])
 	}
 	c.trusted = nil
 	for _, s := range c.TrustedProxies {
@@ -170,34 +210,39 @@ func (c *Config) validate(environ map[string]string) error {
 		if err != nil {
 			a, aerr := netip.ParseAddr(s)
 			if aerr != nil {
-				return bad("TRUSTED_PROXIES", fmt.Sprintf("want comma-separated CIDRs or addresses, e.g. 10.0.0.0/8,192.0.2.7; %q is neither", s))
+				bad("TRUSTED_PROXIES", fmt.Sprintf("want comma-separated CIDRs or addresses, e.g. 10.0.0.0/8,192.0.2.7; %q is neither", s))
+				continue
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
 		c.trusted = append(c.trusted, p.Masked())
 	}
-	for name, d := range map[string]time.Duration{
-		"UPSTREAM_TIMEOUT": c.UpstreamTimeout, "UPSTREAM_DIAL_TIMEOUT": c.DialTimeout,
-		"READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "IDLE_TIMEOUT": c.IdleTimeout,
-		"BODY_IDLE_TIMEOUT": c.BodyIdleTimeout,
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"UPSTREAM_TIMEOUT", c.UpstreamTimeout}, {"UPSTREAM_DIAL_TIMEOUT", c.DialTimeout},
+		{"READ_HEADER_TIMEOUT", c.ReadHeaderTimeout}, {"IDLE_TIMEOUT", c.IdleTimeout},
+		{"BODY_IDLE_TIMEOUT", c.BodyIdleTimeout},
 	} {
-		if d <= 0 {
-			return bad(name, "want a duration above 0 with its unit (e.g. 10s)")
+		if t.d <= 0 {
+			bad(t.name, configWants[t.name])
 		}
 	}
 	if c.ShutdownDelay < 0 {
-		return bad("SHUTDOWN_DELAY", "want a duration >= 0 with its unit (e.g. 5s)")
+		bad("SHUTDOWN_DELAY", configWants["SHUTDOWN_DELAY"])
 	}
 	if c.ShutdownTimeout < 0 {
-		return bad("SHUTDOWN_TIMEOUT", "want a duration >= 0 with its unit (e.g. 30s)")
+		bad("SHUTDOWN_TIMEOUT", configWants["SHUTDOWN_TIMEOUT"])
 	}
-	if c.ClientKeysMax <= 0 {
-		return bad("CLIENT_KEYS_MAX", "want a whole number of client keys per route, 1 or more (e.g. 100000)")
+	if c.ClientKeysMax < 1 || c.ClientKeysMax > maxClientKeys {
+		bad("CLIENT_KEYS_MAX", configWants["CLIENT_KEYS_MAX"])
 	}
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return bad("LOG_LEVEL", "want debug, info, warn or error")
+		bad("LOG_LEVEL", "want debug, info, warn or error")
 	}
-	return c.validateTLS(environ).Err()
+	errs.Add(c.validateTLS(environ))
+	return errs.Err()
 }
 
 // validListenAddr reports whether a is host:port with a numeric port of 0 to 65535.

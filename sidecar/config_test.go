@@ -333,6 +333,7 @@ func TestLoadConfigClientKeysMax(t *testing.T) {
 		{"", 100000},
 		{"1", 1},
 		{"2500", 2500},
+		{"10000000", 10000000},
 	} {
 		env := map[string]string{}
 		if tc.value != "" {
@@ -347,7 +348,7 @@ func TestLoadConfigClientKeysMax(t *testing.T) {
 			t.Errorf("LoadConfig(%v).ClientKeysMax = %d, want %d", env, c.ClientKeysMax, tc.want)
 		}
 	}
-	for _, v := range []string{"0", "-1", "x", "1.5", "1e5"} {
+	for _, v := range []string{"0", "-1", "x", "1.5", "1e5", "10000001"} {
 		env := map[string]string{name: v}
 		_, err := LoadConfig(env)
 		var ce *ConfigError
@@ -359,8 +360,9 @@ func TestLoadConfigClientKeysMax(t *testing.T) {
 		if !sidecartest.NamesVar(msg, name) || !strings.Contains(msg, strconv.Quote(v)) || !strings.Contains(msg, "want") {
 			t.Errorf("LoadConfig(%v) error = %q, want it to name %s, quote %q and say what it accepts", env, msg, name, v)
 		}
-		if n, convErr := strconv.Atoi(v); convErr == nil && n <= 0 && !strings.Contains(msg, "1 or more") {
-			t.Errorf("LoadConfig(%v) error = %q, want it to give the range (1 or more)", env, msg)
+		// Whether it does not parse or is out of range, the message gives the range.
+		if !strings.Contains(msg, "from 1 to 10000000") {
+			t.Errorf("LoadConfig(%v) error = %q, want it to give the range (from 1 to 10000000)", env, msg)
 		}
 	}
 }

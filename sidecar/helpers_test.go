@@ -46,8 +46,8 @@ type instance struct {
 // startRun starts Run with env plus loopback listen addresses, no shutdown delay
 // (unless env sets MDPROXY_SHUTDOWN_DELAY: only the tests of the delay want it) and,
 // when upstreamURL is not empty, MDPROXY_UPSTREAM_URL; it returns once both listeners
-// serve. Cleanup stops it.
-func startRun(t *testing.T, upstreamURL string, env map[string]string) *instance {
+// serve, with opts. Cleanup stops it.
+func startRun(t *testing.T, upstreamURL string, env map[string]string, opts ...Option) *instance {
 	t.Helper()
 	environ := map[string]string{
 		"MDPROXY_LISTEN_ADDR":    "127.0.0.1:0",
@@ -65,7 +65,7 @@ func startRun(t *testing.T, upstreamURL string, env map[string]string) *instance
 	type addrs struct{ proxy, admin net.Addr }
 	started := make(chan addrs, 1)
 	go func() {
-		in.done <- Run(ctx, environ, in.logs, func(p, a net.Addr) { started <- addrs{p, a} })
+		in.done <- Run(ctx, environ, in.logs, func(p, a net.Addr) { started <- addrs{p, a} }, opts...)
 	}()
 	select {
 	case a := <-started:

@@ -47,7 +47,17 @@ import (
 // on; an error wrapping context.DeadlineExceeded when in-flight requests were cut at
 // MDPROXY_SHUTDOWN_TIMEOUT; or a server's error. It leaves no goroutine behind. Several
 // Runs may serve in one process (each has its own registry), on distinct addresses.
-func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr)) error {
+//
+// While it serves, Run reads the limits file (MDPROXY_LIMITS_FILE) again when it
+// changes and on each signal of WithReloadSignals: a good file puts its limits in
+// force at once, without a request dropped and without touching the bucket of a route
+// whose limit is the same; a bad one changes nothing. Each reload is logged and
+// counted (mdproxy_config_reloads_total).
+func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr), opts ...Option) error {
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cfg, err := LoadConfig(environ)
 	if err != nil {
 		return err
@@ -56,11 +66,13 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	limits, err := limiter.NewSet(cfg.Limits, nil,
+	set, err := limiter.NewSet(cfg.Limits, nil,
 		limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log))
 	if err != nil {
 		return &ConfigError{err}
 	}
+	limits := &liveLimits{} // the Set in force, which a reload of the limits file swaps
+	limits.Store(set)
 	metrics.RegisterClientKeys(reg, limits)
 	// The timeouts towards Core are set here once: the transport enforces them, the
 	// proxy quotes the same values in its answers (a 504 says how long it waited).
@@ -126,6 +138,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	if unknown := unknownVariables(environ); len(unknown) > 0 {
 		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}
+	warnNoEffect(log, cfg.noEffect)
+	reloader := &limitsReloader{file: cfg.LimitsFile, environ: environ, log: log,
+		reloads: m.ConfigReloads, live: limits, proxy: h}
+	defer reloader.start(o.reloadSignals)()
 	if started != nil {
 		started(pl.Addr(), al.Addr())
 	}
@@ -179,16 +195,16 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 // MDPROXY_TLS_CERT_FILE, so listen on an address that can be dialled, e.g.
 // 127.0.0.1:0) and stop, which shuts mdproxy down as the end of ctx would, waits for
 // Run to return and returns Run's error (nil after a clean shutdown); calling stop
-// again returns the same error. When ctx ends mdproxy shuts
-// down too, and stop must still be called to wait for it. When Run fails before it
-// listens, Start returns its error (a *ConfigError for a bad setting) and a nil stop.
-// It serves programs that run mdproxy in-process, such as the benchmark.
-func Start(ctx context.Context, environ map[string]string, logw io.Writer) (proxyURL string, stop func() error, err error) {
+// again returns the same error. When ctx ends mdproxy shuts down too, and stop must
+// still be called to wait for it. When Run fails before it listens, Start returns its
+// error (a *ConfigError for a bad setting) and a nil stop. It serves programs that run
+// mdproxy in-process, such as the benchmark. opts are Run's.
+func Start(ctx context.Context, environ map[string]string, logw io.Writer, opts ...Option) (proxyURL string, stop func() error, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	listening := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, environ, logw, func(proxyAddr, _ net.Addr) { listening <- proxyAddr })
+		done <- Run(ctx, environ, logw, func(proxyAddr, _ net.Addr) { listening <- proxyAddr }, opts...)
 	}()
 	select {
 	case a := <-listening:

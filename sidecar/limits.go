@@ -1,0 +1,126 @@
+package sidecar
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"github.com/joho/godotenv"
+
+	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/proxy"
+)
+
+// limitSettings are the settings of a route's limit, the suffixes of its variables
+// (MDPROXY_<ROUTE>_RATE...), in the order of limiter.Limit's fields.
+var limitSettings = envconf.Names[limiter.Limit]("")
+
+// routeLimitVars returns the name of every route limit variable: MDPROXY_<ROUTE>_RATE,
+// _BURST, _MAX_WAIT, _CLIENT_LIMIT and _CLIENT_WINDOW of every route.
+func routeLimitVars() []string {
+	var names []string
+	for _, route := range proxy.RouteNames() {
+		for _, setting := range limitSettings {
+			names = append(names, limiter.VarName(EnvPrefix, route, setting))
+		}
+	}
+	return names
+}
+
+// readLimitsFile reads the limits file at path: lines of KEY=VALUE, as a .env file
+// (github.com/joho/godotenv: # comments, blank lines, quotes and "export " allowed),
+// each key a route limit variable. It returns the route limit variables it sets, and an
+// error naming the file: when it cannot be read or parsed (vars is nil then), or an
+// envconf.Errors naming each variable of it that is not a route limit variable.
+func readLimitsFile(path string) (vars map[string]string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%sLIMITS_FILE=%q: reading the limits file: %w", EnvPrefix, path, err)
+	}
+	defer f.Close()
+	vars, err = godotenv.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("limits file %s: want lines of MDPROXY_<ROUTE>_<SETTING>=VALUE: %w", path, err)
+	}
+	known := routeLimitVars()
+	var errs envconf.Errors
+	for _, name := range slices.Sorted(maps.Keys(vars)) {
+		if !slices.Contains(known, name) {
+			errs.Add(fmt.Errorf("limits file %s: %w", path, &envconf.Error{Var: name, Value: vars[name],
+				Want: "want only route limit variables here, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT or _CLIENT_WINDOW, <ROUTE> a route name in upper case"}))
+			delete(vars, name)
+		}
+	}
+	return vars, errs.Err()
+}
+
+// loadLimits returns each route's limit, read from environ and, when file is not "",
+// from the limits file, whose variables take precedence over environ's: a route limit
+// variable that the file sets (empty: the default) is taken from it, one it does not
+// set from environ, else from DefaultLimits. It also returns the route limit variables
+// and MDPROXY_CLIENT_KEYS_MAX that are set but have no effect (see ineffective).
+//
+// The error, an envconf.Errors, names every bad variable, those set in the file
+// prefixed by "limits file PATH: ", or the file when it cannot be read or parsed.
+func loadLimits(environ map[string]string, file string) (limits map[string]limiter.Limit, noEffect []string, err error) {
+	merged := environ
+	var fromFile map[string]string
+	var errs envconf.Errors
+	if file != "" {
+		fromFile, err = readLimitsFile(file)
+		if fromFile == nil {
+			return nil, nil, err
+		}
+		errs.Add(err) // variables that are not route limits: the others are checked too
+		merged = maps.Clone(environ)
+		maps.Copy(merged, fromFile)
+	}
+	limits, err = limiter.ParseLimits(merged, EnvPrefix, proxy.RouteNames(), DefaultLimits)
+	parseErrs, _ := err.(envconf.Errors)
+	for _, e := range parseErrs {
+		var ee *envconf.Error
+		if errors.As(e, &ee) {
+			if _, ok := fromFile[ee.Var]; ok {
+				e = fmt.Errorf("limits file %s: %w", file, e)
+			}
+		}
+		errs.Add(e)
+	}
+	if err := errs.Err(); err != nil {
+		return nil, nil, err
+	}
+	return limits, ineffective(merged, limits), nil
+}
+
+// ineffective returns, in route and setting order, each variable set (not empty) in
+// environ that changes nothing given limits, with why: a route's _BURST or _MAX_WAIT
+// without a rate (they shape the route's token bucket, which it then has not), its
+// _CLIENT_WINDOW without a _CLIENT_LIMIT, and MDPROXY_CLIENT_KEYS_MAX when no route has
+// a per-client share. E.g. "MDPROXY_STAT_BURST (MDPROXY_STAT_RATE is 0: no bucket)".
+func ineffective(environ map[string]string, limits map[string]limiter.Limit) []string {
+	var out []string
+	set := func(name string) bool { return environ[name] != "" }
+	shared := false
+	for _, route := range proxy.RouteNames() {
+		l := limits[route]
+		shared = shared || l.ClientLimit > 0
+		v := func(setting string) string { return limiter.VarName(EnvPrefix, route, setting) }
+		if l.Rate == 0 {
+			for _, s := range []string{"BURST", "MAX_WAIT"} {
+				if set(v(s)) {
+					out = append(out, fmt.Sprintf("%s (%s is 0: no bucket)", v(s), v("RATE")))
+				}
+			}
+		}
+		if l.ClientLimit == 0 && set(v("CLIENT_WINDOW")) {
+			out = append(out, fmt.Sprintf("%s (%s is 0: no per-client share)", v("CLIENT_WINDOW"), v("CLIENT_LIMIT")))
+		}
+	}
+	if name := EnvPrefix + "CLIENT_KEYS_MAX"; !shared && set(name) {
+		out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+	}
+	return out
+}

@@ -1,0 +1,320 @@
+package sidecar
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+)
+
+// reloadWithin is how soon a change of the limits file must be in force (issue 10's
+// acceptance: 2 s).
+const reloadWithin = 2 * time.Second
+
+// Series of a running mdproxy the reload tests read.
+const (
+	fileResultRate  = `mdproxy_limit_rate_requests_per_second{route="file_result"}`
+	reloadsSuccess  = `mdproxy_config_reloads_total{result="success"}`
+	reloadsError    = `mdproxy_config_reloads_total{result="error"}`
+	slowFileResult  = "MDPROXY_FILE_RESULT_RATE=0.001\nMDPROXY_FILE_RESULT_BURST=1\n"
+	slowBatchStatus = "MDPROXY_BATCH_STATUS_RATE=0.001\nMDPROXY_BATCH_STATUS_BURST=1\n"
+)
+
+// metric returns the value of series in the instance's /metrics, 0 when absent.
+func (in *instance) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	c := sidecartest.NewClient(t)
+	code, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET admin /metrics = %d, want 200", code)
+	}
+	v, _ := sidecartest.MetricValue(page, series)
+	return v
+}
+
+// waitMetric polls series until it is want, failing t after within.
+func (in *instance) waitMetric(t *testing.T, series string, want float64, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := in.metric(t, series)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %v, want %v; logs:\n%s", series, got, within, want, in.logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// polls sends n polls of path to the instance and returns their statuses.
+func (in *instance) polls(t *testing.T, path string, n int) []int {
+	t.Helper()
+	c := sidecartest.NewClient(t)
+	codes := make([]int, n)
+	for i := range codes {
+		codes[i], _ = sidecartest.Get(t, c, in.proxyURL+path)
+	}
+	return codes
+}
+
+// count returns how many of codes are code.
+func count(codes []int, code int) int {
+	n := 0
+	for _, c := range codes {
+		if c == code {
+			n++
+		}
+	}
+	return n
+}
+
+// replaceFile writes content to path as editors and Kubernetes do, through a new file
+// renamed over it, so that no reader sees it half-written.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReloadFileChange edits the limits file of a serving mdproxy: within 2 s the new
+// limit is in force (polls refused before pass after, the gauge follows), while a
+// route whose limit the edit left alone keeps its bucket, still empty.
+func TestReloadFileChange(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	path := writeLimits(t, t.TempDir(), "limits.env", slowFileResult+slowBatchStatus)
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path})
+
+	if codes := in.polls(t, "/file/x", 3); count(codes, http.StatusOK) != 1 || count(codes, http.StatusServiceUnavailable) != 2 {
+		t.Fatalf("3 polls at rate 0.001, burst 1 = %v, want one 200 then 503s", codes)
+	}
+	if codes := in.polls(t, "/file/batch/b", 2); codes[0] != http.StatusOK || codes[1] != http.StatusServiceUnavailable {
+		t.Fatalf("2 batch polls at rate 0.001, burst 1 = %v, want 200 then 503", codes)
+	}
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Fatalf("%s = %v at start, want 0.001, the file's", fileResultRate, got)
+	}
+
+	// Raise file_result's limit, in place, as `echo >` or a plain write does.
+	if err := os.WriteFile(path, []byte("# raised\nMDPROXY_FILE_RESULT_RATE=1000\nMDPROXY_FILE_RESULT_BURST=1000\n"+slowBatchStatus), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 1000, reloadWithin)
+	if codes := in.polls(t, "/file/x", 10); count(codes, http.StatusOK) != 10 {
+		t.Errorf("10 polls after the rate was raised to 1000 = %v, want all 200", codes)
+	}
+	if codes := in.polls(t, "/file/batch/b", 1); codes[0] != http.StatusServiceUnavailable {
+		t.Errorf("batch poll after a reload that left batch_status alone = %v, want 503: its bucket is kept, empty", codes)
+	}
+	if got := in.metric(t, reloadsSuccess); got < 1 {
+		t.Errorf("%s = %v, want at least 1", reloadsSuccess, got)
+	}
+
+	// Lower it again, through a rename, as an editor saves.
+	replaceFile(t, path, slowFileResult+slowBatchStatus)
+	in.waitMetric(t, fileResultRate, 0.001, reloadWithin)
+	if codes := in.polls(t, "/file/x", 3); count(codes, http.StatusOK) != 1 || count(codes, http.StatusServiceUnavailable) != 2 {
+		t.Errorf("3 polls after the rate was lowered to 0.001 = %v, want one 200 (a new, full bucket) then 503s", codes)
+	}
+	if got := in.metric(t, reloadsError); got != 0 {
+		t.Errorf("%s = %v, want 0", reloadsError, got)
+	}
+	lines := sidecartest.CheckJSONLogs(t, in.logs.String())
+	if l := findLog(lines, "limits reloaded"); l == nil || l["file"] != path {
+		t.Errorf("logs have no %q line naming %s:\n%s", "limits reloaded", path, in.logs)
+	}
+	if l := findLog(lines, "route limit changed"); l == nil || l["route"] != "file_result" {
+		t.Errorf("logs have no %q line for file_result:\n%s", "route limit changed", in.logs)
+	}
+}
+
+// TestReloadInvalidKeepsLimits writes a bad limits file: nothing changes, the error is
+// counted and logged naming the file and every bad variable; a good file then reloads.
+func TestReloadInvalidKeepsLimits(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	path := writeLimits(t, t.TempDir(), "limits.env", slowFileResult)
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path})
+	if codes := in.polls(t, "/file/x", 2); codes[0] != http.StatusOK || codes[1] != http.StatusServiceUnavailable {
+		t.Fatalf("2 polls at rate 0.001, burst 1 = %v, want 200 then 503", codes)
+	}
+
+	failed := in.logs.Written("limits not reloaded")
+	replaceFile(t, path, "MDPROXY_FILE_RESULT_RATE=1000\nMDPROXY_FILE_RESULT_BURST=-5\nMDPROXY_UPSTREAM_URL=http://elsewhere\n")
+	in.waitMetric(t, reloadsError, 1, reloadWithin)
+	select {
+	case <-failed:
+	case <-time.After(safety):
+		t.Fatalf("no %q line logged:\n%s", "limits not reloaded", in.logs)
+	}
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Errorf("%s after a bad file = %v, want 0.001: the previous limits stay", fileResultRate, got)
+	}
+	if codes := in.polls(t, "/file/x", 1); codes[0] != http.StatusServiceUnavailable {
+		t.Errorf("poll after a bad file = %v, want 503: the previous, empty bucket stays", codes)
+	}
+	if got := in.metric(t, reloadsSuccess); got != 0 {
+		t.Errorf("%s after a bad file = %v, want 0", reloadsSuccess, got)
+	}
+	l := findLog(sidecartest.CheckJSONLogs(t, in.logs.String()), "limits not reloaded: the previous limits stay")
+	if l == nil || l["level"] != "ERROR" {
+		t.Fatalf("no ERROR line %q:\n%s", "limits not reloaded: the previous limits stay", in.logs)
+	}
+	msg, _ := l["err"].(string)
+	for _, name := range []string{"MDPROXY_FILE_RESULT_BURST", "MDPROXY_UPSTREAM_URL"} {
+		if !strings.Contains(msg, path) || !sidecartest.NamesVar(msg, name) {
+			t.Errorf("reload error %q, want it to name the file %s and %s", msg, path, name)
+		}
+	}
+
+	replaceFile(t, path, "MDPROXY_FILE_RESULT_RATE=1000\n")
+	in.waitMetric(t, fileResultRate, 1000, reloadWithin)
+	if got := in.metric(t, reloadsSuccess); got != 1 {
+		t.Errorf("%s after the file was fixed = %v, want 1", reloadsSuccess, got)
+	}
+}
+
+// TestReloadConfigMapSwap updates the limits file as Kubernetes updates a mounted
+// ConfigMap: the file is a symlink through ..data, and ..data is swapped to a new
+// directory, then the old one removed.
+func TestReloadConfigMapSwap(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	dir := t.TempDir()
+	version := func(name, content string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeLimits(t, filepath.Join(dir, name), "limits.env", content)
+	}
+	version("..2025_01_01_00_00_00.1", slowFileResult)
+	if err := os.Symlink("..2025_01_01_00_00_00.1", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "limits.env")
+	if err := os.Symlink(filepath.Join("..data", "limits.env"), path); err != nil {
+		t.Fatal(err)
+	}
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path})
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Fatalf("%s at start = %v, want 0.001, the ConfigMap's", fileResultRate, got)
+	}
+
+	// Kubernetes' atomic writer: a new directory, a new symlink renamed over ..data.
+	version("..2025_01_01_00_01_00.2", "MDPROXY_FILE_RESULT_RATE=1000\n")
+	if err := os.Symlink("..2025_01_01_00_01_00.2", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2025_01_01_00_00_00.1")); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 1000, reloadWithin)
+	if codes := in.polls(t, "/file/x", 10); count(codes, http.StatusOK) != 10 {
+		t.Errorf("10 polls after the ConfigMap raised the rate = %v, want all 200", codes)
+	}
+}
+
+// TestReloadSignal sends reload signals through WithReloadSignals: with a limits file
+// each reloads it; without one it is logged as reloading nothing, and mdproxy serves on.
+func TestReloadSignal(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+
+	t.Run("file", func(t *testing.T) {
+		t.Parallel()
+		path := writeLimits(t, t.TempDir(), "limits.env", slowFileResult)
+		sigs := make(chan os.Signal, 1)
+		in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path}, WithReloadSignals(sigs))
+		reloaded := in.logs.Written(`"trigger":"signal hangup"`)
+		sigs <- syscall.SIGHUP
+		select {
+		case <-reloaded:
+		case <-time.After(safety):
+			t.Fatalf("no reload logged after a signal:\n%s", in.logs)
+		}
+		in.waitMetric(t, reloadsSuccess, 1, reloadWithin)
+		if got := in.metric(t, fileResultRate); got != 0.001 {
+			t.Errorf("%s after a reload of the same file = %v, want 0.001", fileResultRate, got)
+		}
+	})
+
+	t.Run("no file", func(t *testing.T) {
+		t.Parallel()
+		sigs := make(chan os.Signal, 1)
+		in := startRun(t, up.URL, nil, WithReloadSignals(sigs))
+		nothing := in.logs.Written("limits not reloaded: MDPROXY_LIMITS_FILE is not set")
+		sigs <- syscall.SIGHUP
+		select {
+		case <-nothing:
+		case <-time.After(safety):
+			t.Fatalf("no line logged after a signal without a limits file:\n%s", in.logs)
+		}
+		if code, _ := sidecartest.Get(t, sidecartest.NewClient(t), in.proxyURL+"/file/x"); code != http.StatusOK {
+			t.Errorf("GET /file/x after the signal = %d, want 200: mdproxy serves on", code)
+		}
+		for _, s := range []string{reloadsSuccess, reloadsError} {
+			if got := in.metric(t, s); got != 0 {
+				t.Errorf("%s after a signal without a file = %v, want 0", s, got)
+			}
+		}
+		if err := in.stop(t); err != nil {
+			t.Errorf("Run after a signal without a file = %v, want nil", err)
+		}
+	})
+}
+
+// TestNoEffectWarned checks the warning about settings that have no effect, at start
+// and after a reload: one line naming each.
+func TestNoEffectWarned(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	path := writeLimits(t, t.TempDir(), "limits.env", "MDPROXY_STAT_BURST=3\n")
+	in := startRun(t, up.URL, map[string]string{
+		"MDPROXY_LIMITS_FILE":               path,
+		"MDPROXY_VERSION_MAX_WAIT":          "1s",
+		"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "1m",
+	})
+	check := func(when string, want ...string) {
+		t.Helper()
+		var warned []map[string]any
+		for _, l := range sidecartest.CheckJSONLogs(t, in.logs.String()) {
+			if l["msg"] == "settings without effect" {
+				warned = append(warned, l)
+			}
+		}
+		if len(warned) == 0 {
+			t.Fatalf("%s: no %q line:\n%s", when, "settings without effect", in.logs)
+		}
+		l := warned[len(warned)-1]
+		vars, _ := l["variables"].([]any)
+		if l["level"] != "WARN" || len(vars) != len(want) {
+			t.Fatalf("%s: %q line = %v, want a WARN naming %v", when, "settings without effect", l, want)
+		}
+		for i, name := range want {
+			if s, _ := vars[i].(string); !sidecartest.NamesVar(s, name) {
+				t.Errorf("%s: no-effect variable #%d = %q, want %s", when, i+1, s, name)
+			}
+		}
+	}
+	check("at start", "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_VERSION_MAX_WAIT", "MDPROXY_STAT_BURST")
+
+	replaceFile(t, path, "MDPROXY_STAT_RATE=1\nMDPROXY_STAT_BURST=3\nMDPROXY_LOGIN_BURST=2\n")
+	in.waitMetric(t, reloadsSuccess, 1, reloadWithin)
+	check("after a reload", "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_LOGIN_BURST", "MDPROXY_VERSION_MAX_WAIT")
+}
