@@ -4,7 +4,7 @@
 // environment variables; see the README. The wiring is package sidecar; this command
 // adds the command line (--version, --help), the signals and the exit codes: 2 on a
 // bad setting or argument, 1 on any other failure, 0 after a clean shutdown on SIGTERM
-// or SIGINT, or after --version or --help.
+// or SIGINT, or after --version or --help. SIGHUP reloads the limits file.
 package main
 
 import (
@@ -30,9 +30,14 @@ func main() {
 	if code, exit := commandLine(os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
+	// SIGHUP reloads the limits file (MDPROXY_LIMITS_FILE); its default action would
+	// kill mdproxy, uploads in flight with it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := sidecar.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {
+	if err := sidecar.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil, sidecar.WithReloadSignals(hup)); err != nil {
 		fmt.Fprintln(os.Stderr, "mdproxy:", err)
 		if errors.As(err, new(*sidecar.ConfigError)) {
 			os.Exit(2)
@@ -79,7 +84,7 @@ func help() string {
 MetaDefender Core. It forwards Core's REST API, holds the polling routes (result
 polls, batch status, hash look-ups) to per-route token buckets, and serves its own
 /metrics, /healthz and /readyz on an admin port. It shuts down gracefully on SIGTERM
-or SIGINT.
+or SIGINT, and reads its limits file (MDPROXY_LIMITS_FILE) again on SIGHUP.
 
 ` + usage + `
 Settings are environment variables, not flags; the README's "Configuration" section
