@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -31,11 +32,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := coresim.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "coresim:", err)
+		code := 1
 		if errors.As(err, new(*envconf.Error)) {
-			os.Exit(2)
+			code = 2
 		}
-		os.Exit(1)
+		// One JSON line, as coresim's other log lines.
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("coresim failed", "err", err.Error(), "exit_code", code)
+		os.Exit(code)
 	}
 }
 

@@ -61,7 +61,7 @@ func TestBinary(t *testing.T) {
 		{args: []string{"-h"}, stdout: []string{"emulates OPSWAT MetaDefender Core", "CORESIM_LISTEN_ADDR", "README"}},
 		{args: []string{"--speedup=10"}, code: 2, stderr: []string{"-speedup", "usage: coresim"}},
 		{args: []string{"run"}, code: 2, stderr: []string{`"run"`, "usage: coresim"}},
-		{env: []string{"CORESIM_CORES=0"}, code: 2, stderr: []string{"CORESIM_CORES"}},
+		{env: []string{"CORESIM_CORES=0"}, code: 2, stderr: []string{"CORESIM_CORES", `"level":"ERROR"`, `"msg":"coresim failed"`}}, // one JSON line
 	} {
 		t.Run(strings.Join(slices.Concat(tc.args, tc.env), " "), func(t *testing.T) {
 			t.Parallel()

@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -38,12 +39,20 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := sidecar.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil, sidecar.WithReloadSignals(hup)); err != nil {
-		fmt.Fprintln(os.Stderr, "mdproxy:", err)
+		code := 1
 		if errors.As(err, new(*sidecar.ConfigError)) {
-			os.Exit(2)
+			code = 2
 		}
-		os.Exit(1)
+		failed(os.Stderr, err, code)
+		os.Exit(code)
 	}
+}
+
+// failed writes why mdproxy exits with code as one JSON line, as every other log line
+// is: level ERROR, msg "mdproxy failed", err (which names the variable of a bad
+// setting; several bad settings are one err, one a line within it) and exit_code.
+func failed(w io.Writer, err error, code int) {
+	slog.New(slog.NewJSONHandler(w, nil)).Error("mdproxy failed", "err", err.Error(), "exit_code", code)
 }
 
 const usage = "usage: mdproxy [--version | --help]; settings are MDPROXY_* environment variables\n"

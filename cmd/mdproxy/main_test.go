@@ -121,7 +121,8 @@ func TestBinary(t *testing.T) {
 		})
 	}
 
-	// A bad setting: exit 2 before listening, one line on stderr naming the variable.
+	// A bad setting: exit 2 before listening, one JSON line on stderr (as every log
+	// line) whose err names the variable.
 	for _, tc := range []struct{ name, value string }{
 		{"MDPROXY_LIMIT_STATUS", "abc"},
 		{"MDPROXY_LIMIT_STATUS", "500"},
@@ -130,6 +131,9 @@ func TestBinary(t *testing.T) {
 		{"MDPROXY_FILE_RESULT_RATE", "-1"},
 		{"MDPROXY_HASH_LOOKUP_MAX_WAIT", "5"},
 		{"MDPROXY_SHUTDOWN_TIMEOUT", "x"},
+		{"MDPROXY_TLS_CERT_FILE", "/nonexistent/tls.crt"},   // without its key
+		{"MDPROXY_UPSTREAM_CA_FILE", "/nonexistent/ca.pem"}, // with the default http upstream
+		{"MDPROXY_PPROF", "maybe"},
 	} {
 		t.Run("exit2/"+tc.name+"="+tc.value, func(t *testing.T) {
 			t.Parallel()
@@ -146,8 +150,12 @@ func TestBinary(t *testing.T) {
 			if strings.Count(msg, "\n") != 1 || !strings.HasSuffix(msg, "\n") {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want one line", tc.name, tc.value, msg)
 			}
-			if !sidecartest.NamesVar(msg, tc.name) {
-				t.Errorf("mdproxy with %s=%q stderr = %q, want it to name %s", tc.name, tc.value, msg, tc.name)
+			var line struct{ Level, Msg, Err string }
+			if err := json.Unmarshal([]byte(msg), &line); err != nil {
+				t.Errorf("mdproxy with %s=%q stderr = %q, want a JSON line: %v", tc.name, tc.value, msg, err)
+			}
+			if line.Level != "ERROR" || line.Msg == "" || !sidecartest.NamesVar(line.Err, tc.name) {
+				t.Errorf("mdproxy with %s=%q stderr = %q, want level ERROR, a msg and an err naming %s", tc.name, tc.value, msg, tc.name)
 			}
 			if stdout.Len() != 0 {
 				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout.String())
@@ -172,9 +180,13 @@ func TestBinary(t *testing.T) {
 		if code := exitCode(t, cmd.Run()); code != 1 {
 			t.Errorf("mdproxy on a busy address exit code = %d, want 1; stderr:\n%s", code, stderr.String())
 		}
-		if msg := stderr.String(); !sidecartest.NamesVar(msg, "MDPROXY_LISTEN_ADDR") {
-			t.Errorf("mdproxy on a busy address stderr = %q, want it to name MDPROXY_LISTEN_ADDR", msg)
+		// The log lines, then the failure's, all JSON.
+		lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+		var last struct{ Level, Err string }
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || last.Level != "ERROR" || !sidecartest.NamesVar(last.Err, "MDPROXY_LISTEN_ADDR") {
+			t.Errorf("mdproxy on a busy address stderr = %q, want a last JSON line of level ERROR whose err names MDPROXY_LISTEN_ADDR (%v)", stderr.String(), err)
 		}
+		sidecartest.CheckJSONLogs(t, stderr.String())
 	})
 
 	// A signal: graceful shutdown and exit 0.
