@@ -163,6 +163,46 @@ func TestBinary(t *testing.T) {
 		})
 	}
 
+	// Several bad settings: exit 2, still one JSON line, whose err names every one of
+	// them, one a line within it: a bad value of the environment and of the limits file,
+	// and a variable that has no place in the file.
+	t.Run("exit2/three bad variables", func(t *testing.T) {
+		t.Parallel()
+		limits := filepath.Join(t.TempDir(), "limits.env")
+		if err := os.WriteFile(limits, []byte("MDPROXY_FILE_RESULT_BURST=-2\nMDPROXY_ADMIN_ADDR=:1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), safety)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = []string{"MDPROXY_CLIENT_KEYS_MAX=0", "MDPROXY_LIMITS_FILE=" + limits}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if code := exitCode(t, cmd.Run()); code != 2 {
+			t.Errorf("mdproxy with three bad variables exit code = %d, want 2; stderr:\n%s", code, stderr.String())
+		}
+		msg := stderr.String()
+		var line struct{ Level, Err string }
+		if strings.Count(msg, "\n") != 1 || json.Unmarshal([]byte(msg), &line) != nil || line.Level != "ERROR" {
+			t.Fatalf("mdproxy with three bad variables stderr = %q, want one JSON line of level ERROR", msg)
+		}
+		for _, want := range []string{
+			`MDPROXY_CLIENT_KEYS_MAX="0": want a whole number of client keys per route from 1 to 10000000`,
+			"limits file " + limits + `: MDPROXY_FILE_RESULT_BURST="-2": want a whole number of requests >= 0`,
+			"limits file " + limits + `: MDPROXY_ADMIN_ADDR=":1": want only route limit variables`,
+		} {
+			if !strings.Contains(line.Err, want) {
+				t.Errorf("mdproxy with three bad variables err = %q, want it to contain %q", line.Err, want)
+			}
+		}
+		if n := strings.Count(line.Err, "\n") + 1; n != 3 {
+			t.Errorf("mdproxy with three bad variables err = %q, want 3 lines, one a variable", line.Err)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("mdproxy with three bad variables stdout = %q, want nothing", stdout.String())
+		}
+	})
+
 	// Any other failure, here an address in use: exit 1.
 	t.Run("exit1/listen address in use", func(t *testing.T) {
 		t.Parallel()
