@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 // readYAML parses path into v, failing t on error.
@@ -441,5 +443,107 @@ func TestManifestsShutdownGrace(t *testing.T) {
 	dc.delay, dc.timeout = shutdownVars(t, "compose.yaml", m.Environment)
 	for _, p := range dc.problems() {
 		t.Errorf("compose.yaml, service mdproxy: %s", p)
+	}
+}
+
+// TestManifestLimitsFile checks that the Kubernetes manifests give mdproxy its limits
+// file as a reloadable ConfigMap: MDPROXY_LIMITS_FILE names a file in a directory that
+// the mdproxy container mounts whole (a subPath mount is never updated) from the
+// ConfigMap that holds the file, and mdproxy accepts the settings with that file.
+func TestManifestLimitsFile(t *testing.T) {
+	type manifest struct {
+		Kind     string `yaml:"kind"`
+		Metadata struct {
+			Name string `yaml:"name"`
+		} `yaml:"metadata"`
+		Data map[string]string `yaml:"data"`
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Name         string `yaml:"name"`
+						VolumeMounts []struct {
+							Name      string `yaml:"name"`
+							MountPath string `yaml:"mountPath"`
+							SubPath   string `yaml:"subPath"`
+						} `yaml:"volumeMounts"`
+					} `yaml:"containers"`
+					Volumes []struct {
+						Name      string `yaml:"name"`
+						ConfigMap *struct {
+							Name string `yaml:"name"`
+						} `yaml:"configMap"`
+					} `yaml:"volumes"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	configMaps := map[string]manifest{}
+	var dep manifest
+	files, _ := filepath.Glob(filepath.Join("kubernetes", "*.yaml"))
+	for _, f := range files {
+		var m manifest
+		readYAML(t, f, &m)
+		switch m.Kind {
+		case "ConfigMap":
+			configMaps[m.Metadata.Name] = m
+		case "Deployment":
+			dep = m
+		}
+	}
+	settings := configMaps["mdproxy"].Data
+	path := settings["MDPROXY_LIMITS_FILE"]
+	if path == "" || !filepath.IsAbs(path) {
+		t.Fatalf("ConfigMap mdproxy: MDPROXY_LIMITS_FILE = %q, want an absolute path", path)
+	}
+	volume := ""
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		if c.Name != "mdproxy" {
+			continue
+		}
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == filepath.Dir(path) {
+				volume = vm.Name
+				if vm.SubPath != "" {
+					t.Errorf("deployment.yaml: mdproxy mounts %s with subPath %q: a subPath mount is never updated", vm.MountPath, vm.SubPath)
+				}
+			}
+		}
+	}
+	if volume == "" {
+		t.Fatalf("deployment.yaml: mdproxy mounts nothing at %s, MDPROXY_LIMITS_FILE's directory", filepath.Dir(path))
+	}
+	cmName := ""
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name == volume && v.ConfigMap != nil {
+			cmName = v.ConfigMap.Name
+		}
+	}
+	content, ok := configMaps[cmName].Data[filepath.Base(path)]
+	if !ok {
+		t.Fatalf("deployment.yaml: volume %q is ConfigMap %q, which has no key %s", volume, cmName, filepath.Base(path))
+	}
+
+	// mdproxy accepts the settings and the file, and limits file_result from it.
+	local := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(local, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	environ := map[string]string{}
+	for k, v := range settings {
+		environ[k] = v
+	}
+	environ["MDPROXY_LIMITS_FILE"] = local
+	c, err := sidecar.LoadConfig(environ)
+	if err != nil {
+		t.Fatalf("ConfigMaps %s and %s: mdproxy's LoadConfig = %v, want no error", "mdproxy", cmName, err)
+	}
+	if l := c.Limits["file_result"]; l.Rate <= 0 {
+		t.Errorf("ConfigMap %s: file_result's limit %+v, want a rate", cmName, l)
+	}
+	for k := range configMaps[cmName].Data {
+		if k != filepath.Base(path) {
+			t.Errorf("ConfigMap %s: key %s, want only %s", cmName, k, filepath.Base(path))
+		}
 	}
 }
