@@ -93,8 +93,8 @@ func NewTransport(o TransportOptions) *http.Transport {
 const earlyAnswerGrace = 2 * time.Second
 
 // coreConn is a connection to Core. It bounds each read and write by the body idle
-// timeout, and holds back a failed write until the connection closes, so that Core's
-// early answer to an upload is relayed rather than lost.
+// timeout, and holds back a failed write of an upload until the connection closes, so
+// that Core's early answer to an upload is relayed rather than lost.
 //
 // Core may answer an upload before reading all of it (a bad apikey, a full scan queue,
 // a file over its size limit) and close the connection. net/http's transport then
@@ -128,7 +128,7 @@ func (c *coreConn) Write(p []byte) (int, error) {
 		_ = c.Conn.SetReadDeadline(now.Add(c.headers))
 	}
 	n, err := c.Conn.Write(p)
-	if err != nil {
+	if err != nil && c.watched() {
 		t := time.NewTimer(earlyAnswerGrace)
 		select {
 		case <-c.closed:
@@ -164,6 +164,17 @@ func (c *coreConn) watch(ex *exchange) {
 		ex.coreClosed()
 	default:
 	}
+}
+
+// watched reports whether an upload's exchange owns the connection: only then may
+// Core answer before it has read everything, and is a failed write held back. A
+// failed write of anything else, such as the client's side of a TLS handshake that
+// Core refused (the transport would wait for the write before it closes the
+// connection), returns at once.
+func (c *coreConn) watched() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.owner != nil
 }
 
 // unwatch drops ex as the owner, if it still is: a connection back in the pool keeps
