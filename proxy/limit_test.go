@@ -626,6 +626,7 @@ func TestMetricsCardinality(t *testing.T) {
 		"method":   methods,
 		"decision": setOf("allowed", "delayed", "rejected", "rejected_client", "canceled"),
 		"kind":     setOf(metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther),
+		"result":   setOf(metrics.ReloadSuccess, metrics.ReloadError),
 	}
 	code := regexp.MustCompile(`^[1-5][0-9][0-9]$`)
 	secretSet := setOf(secrets...)
@@ -639,6 +640,7 @@ func TestMetricsCardinality(t *testing.T) {
 		"mdproxy_request_body_bytes_total":  len(routes),
 		"mdproxy_response_body_bytes_total": len(routes),
 		"mdproxy_build_info":                1,
+		"mdproxy_config_reloads_total":      2,
 	}
 	mfs, err := reg.Gather()
 	if err != nil {
