@@ -5,9 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/proxy"
@@ -122,6 +124,38 @@ func TestRunConfigEndpoint(t *testing.T) {
 	}
 	if !reflect.DeepEqual(line.effectiveSettings, got) {
 		t.Errorf("settings line = %+v, want /config's %+v", line.effectiveSettings, got)
+	}
+}
+
+// TestRunConfigAfterReload: /config shows the limits in force, those of the limits
+// file once reloaded, not those at start.
+func TestRunConfigAfterReload(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "limits.env")
+	sidecartest.WriteFile(t, file, []byte("MDPROXY_FILE_RESULT_RATE=10\n"))
+	in := startRun(t, sidecartest.NewUpstream(t).URL, map[string]string{"MDPROXY_LIMITS_FILE": file})
+	c := sidecartest.NewClient(t)
+	rateOf := func() float64 {
+		t.Helper()
+		_, body := sidecartest.Get(t, c, in.adminURL+"/config")
+		var got effectiveSettings
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatalf("GET admin /config = %q: %v", sidecartest.Short(body), err)
+		}
+		return got.Routes["file_result"].Rate
+	}
+	if got := rateOf(); got != 10 {
+		t.Errorf("GET admin /config: file_result rate %v at start, want 10", got)
+	}
+	reloaded := in.logs.Written(`"msg":"limits reloaded"`)
+	sidecartest.WriteFile(t, file, []byte("MDPROXY_FILE_RESULT_RATE=3\n"))
+	select {
+	case <-reloaded:
+	case <-time.After(safety):
+		t.Fatalf("no reload logged within %v of the file's change; logs:\n%s", safety, in.logs)
+	}
+	if got := rateOf(); got != 3 {
+		t.Errorf("GET admin /config: file_result rate %v after the reload, want 3", got)
 	}
 }
 

@@ -62,22 +62,22 @@ func (c *Config) validateTLS(environ map[string]string) envconf.Errors {
 
 	// To Core.
 	if c.upstream != nil && c.upstream.Scheme == "http" {
-		for name, v := range map[string]string{
-			"UPSTREAM_CA_FILE": c.UpstreamCAFile, "UPSTREAM_CERT_FILE": c.UpstreamCertFile,
-			"UPSTREAM_KEY_FILE": c.UpstreamKeyFile, "UPSTREAM_SERVER_NAME": c.UpstreamServerName,
+		for _, o := range []struct{ name, value string }{
+			{"UPSTREAM_CA_FILE", c.UpstreamCAFile}, {"UPSTREAM_CERT_FILE", c.UpstreamCertFile},
+			{"UPSTREAM_KEY_FILE", c.UpstreamKeyFile}, {"UPSTREAM_SERVER_NAME", c.UpstreamServerName},
 		} {
-			if v != "" {
-				bad(name, "want it unset with an http:// MDPROXY_UPSTREAM_URL: it applies to an https:// one only", nil)
+			if o.value != "" {
+				bad(o.name, "want it unset with an http:// MDPROXY_UPSTREAM_URL: it applies to an https:// one only", nil)
 			}
 		}
 		return errs
 	}
 	up := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.UpstreamServerName}
 	if c.UpstreamCAFile != "" {
-		pem, err := os.ReadFile(c.UpstreamCAFile)
+		bundle, err := os.ReadFile(c.UpstreamCAFile)
 		if err != nil {
 			bad("UPSTREAM_CA_FILE", "want a readable PEM file of the CA certificates that Core's certificate is verified against", err)
-		} else if up.RootCAs = x509.NewCertPool(); !up.RootCAs.AppendCertsFromPEM(pem) {
+		} else if up.RootCAs = x509.NewCertPool(); !up.RootCAs.AppendCertsFromPEM(bundle) {
 			bad("UPSTREAM_CA_FILE", "want a PEM file of one or more CA certificates; it holds none", nil)
 		}
 	}
