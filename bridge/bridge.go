@@ -1,0 +1,497 @@
+// Package bridge takes Core's callbacks for the submissions mdproxy forwards and answers
+// the polls of their results from what it received, so that polling clients stop
+// reaching Core (issue 11, ARCHITECTURE.md "The bridge").
+//
+// The proxy asks the bridge for a callback URL (Callback) to add to a submission that
+// has none, records the data_id Core answered (Submitted), asks it how to answer each
+// poll of GET /file/{data_id} (Poll) and shows it Core's answers (Observe). Core posts
+// the final result to Handler, the callback listener. Results are kept in a Store, by
+// data_id, with the submitter's Owner.
+//
+// Security model: a callback is accepted only on the secret path made for its
+// submission (at least 128 bits from crypto/rand, found by its SHA-256 and compared in
+// constant time), with the data_id recorded for that secret, once, and only a final
+// result; anything else changes nothing and is counted. A stored or pending result is
+// answered only to the Owner (apikey digest) that submitted it; any other client is sent
+// to Core, which decides access. A pending id is answered with Core's last reply for it
+// or with InProgress, never with anything that reads as a verdict.
+//
+// The bridge runs no goroutine; it is safe for concurrent use.
+package bridge
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	DefaultRefresh          = 60 * time.Second
+	DefaultPendingTTL       = 24 * time.Hour
+	DefaultMaxCallbackBytes = 64 << 20
+)
+
+// CallbackPath is the path prefix of the callback listener: Core posts a result to
+// CallbackPath + secret.
+const CallbackPath = "/callback/"
+
+// secretBytes is the size of a callback secret drawn from crypto/rand: 256 bits,
+// rendered as 64 lower-case hex digits.
+const secretBytes = 32
+
+// jsonType is the Content-Type of the answers the bridge makes itself.
+const jsonType = "application/json"
+
+// Outcomes of a callback, the keys of Callbacks and the values of the outcome label of
+// mdproxy_bridge_callbacks_total. The set is fixed.
+const (
+	// OutcomeStored: a final result on a live secret path with its data_id, stored (200).
+	OutcomeStored = "stored"
+	// OutcomeForged: a POST whose path is no live secret path (404): a wrong or unknown
+	// secret, a replay after the result was stored, a late callback for an id whose
+	// result a poll already brought home or that was dropped, or a path outside
+	// /callback/.
+	OutcomeForged = "forged"
+	// OutcomeInvalid: a request the listener refused for what it is rather than where it
+	// went: another method than POST (405), or, on a live secret path, a body over
+	// MaxCallbackBytes (413), not JSON, without the secret's data_id, or not final (400).
+	OutcomeInvalid = "invalid"
+)
+
+// Outcomes lists every callback outcome, in a fixed order.
+var Outcomes = []string{OutcomeStored, OutcomeForged, OutcomeInvalid}
+
+// Options configure a Bridge. The zero value of each field but CallbackURL and Store
+// takes its default.
+type Options struct {
+	// CallbackURL is the base URL at which Core reaches the callback listener, e.g.
+	// http://127.0.0.1:9010 (MDPROXY_BRIDGE_CALLBACK_URL): http or https, a host, an
+	// optional path, no query or fragment. Required.
+	CallbackURL string
+	// Store keeps the final results. Required.
+	Store Store
+	// Refresh is how long a pending id's callback may be late before Core is asked
+	// about it, and the shortest interval between two such questions for one id
+	// (MDPROXY_BRIDGE_REFRESH). Zero: DefaultRefresh, 60 s.
+	Refresh time.Duration
+	// PendingTTL is how long an id stays pending without its result; then it is
+	// dropped and its polls go to Core (MDPROXY_BRIDGE_PENDING_TTL). Zero:
+	// DefaultPendingTTL, 24 h, Core's default retention.
+	PendingTTL time.Duration
+	// MaxCallbackBytes caps the body of a callback, in bytes; a larger one is refused
+	// (413). Zero: DefaultMaxCallbackBytes, 64 MiB.
+	MaxCallbackBytes int64
+	// Now is the clock. Nil: time.Now.
+	Now func() time.Time
+	// Logger receives the listener's refusals (debug) and odd events (warn). Nil:
+	// discard.
+	Logger *slog.Logger
+}
+
+// Bridge tracks pending submissions and answers polls from the callbacks received. It
+// is safe for concurrent use and runs no goroutine. Create it with New.
+type Bridge struct {
+	base       string // CallbackURL without a trailing slash
+	store      Store
+	refresh    time.Duration
+	pendingTTL time.Duration
+	maxBody    int64
+	now        func() time.Time
+	log        *slog.Logger
+
+	mu       sync.Mutex
+	pending  map[string]*pendingEntry   // by data_id
+	bySecret map[[32]byte]*pendingEntry // the same entries, by the SHA-256 of their secret
+	// lastCallback is when the last callback was stored; zero: none yet.
+	lastCallback time.Time
+	// newestCalledBack is the latest submission time among the ids whose callback was
+	// stored; zero: none yet.
+	newestCalledBack time.Time
+	// lastSweep is when pending entries older than pendingTTL were last dropped.
+	lastSweep time.Time
+
+	stored, forged, invalid atomic.Uint64
+}
+
+// pendingEntry is a submission whose final result has not arrived.
+type pendingEntry struct {
+	dataID    string
+	secret    [32]byte // SHA-256 of the callback secret
+	owner     Owner
+	submitted time.Time
+	// last is the answer to a poll: Core's last 200 reply for the id, or InProgress.
+	last     []byte
+	lastType string
+	// asked is when Poll last answered Overdue; zero: never.
+	asked time.Time
+}
+
+// New returns a Bridge with o's settings. It returns an error if o.CallbackURL is not an
+// absolute http or https URL without query or fragment, if o.Store is nil, or if a
+// duration or size is negative.
+func New(o Options) (*Bridge, error) {
+	u, err := url.Parse(o.CallbackURL)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("bridge: parsing the callback URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("bridge: the callback URL %q must be http or https", o.CallbackURL)
+	case u.Host == "":
+		return nil, fmt.Errorf("bridge: the callback URL %q has no host", o.CallbackURL)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return nil, fmt.Errorf("bridge: the callback URL %q must have no query or fragment", o.CallbackURL)
+	case o.Store == nil:
+		return nil, errors.New("bridge: no result store")
+	case o.Refresh < 0:
+		return nil, fmt.Errorf("bridge: the refresh interval %v is negative", o.Refresh)
+	case o.PendingTTL < 0:
+		return nil, fmt.Errorf("bridge: the pending time to live %v is negative", o.PendingTTL)
+	case o.MaxCallbackBytes < 0:
+		return nil, fmt.Errorf("bridge: the callback body cap %d is negative", o.MaxCallbackBytes)
+	}
+	b := &Bridge{
+		base:       strings.TrimRight(o.CallbackURL, "/"),
+		store:      o.Store,
+		refresh:    cmpOr(o.Refresh, DefaultRefresh),
+		pendingTTL: cmpOr(o.PendingTTL, DefaultPendingTTL),
+		maxBody:    cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes),
+		now:        o.Now,
+		log:        o.Logger,
+		pending:    map[string]*pendingEntry{},
+		bySecret:   map[[32]byte]*pendingEntry{},
+	}
+	if b.now == nil {
+		b.now = time.Now
+	}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	return b, nil
+}
+
+// cmpOr returns v, or def when v is zero.
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Callback returns the callbackurl to give Core for a new submission, CallbackURL +
+// "/callback/" + secret, with secret 256 bits from crypto/rand in lower-case hex. Pass
+// secret to Submitted once Core answered the submission's data_id. The error, from
+// crypto/rand, does not happen on the systems Go supports.
+func (b *Bridge) Callback() (callbackURL, secret string, err error) {
+	var buf [secretBytes]byte
+	if _, err := rand.Read(buf[:]); err != nil {
+		return "", "", fmt.Errorf("bridge: drawing a callback secret: %w", err)
+	}
+	secret = hex.EncodeToString(buf[:])
+	return b.base + CallbackPath + secret, secret, nil
+}
+
+// Submitted records dataID as pending: submitted by owner with secret (as Callback
+// returned it), now. A dataID already pending is replaced, its old secret no longer
+// accepted.
+func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
+	now := b.now()
+	e := &pendingEntry{
+		dataID:    dataID,
+		secret:    sha256.Sum256([]byte(secret)),
+		owner:     owner,
+		submitted: now,
+		last:      InProgress(dataID),
+		lastType:  jsonType,
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old := b.pending[dataID]; old != nil {
+		b.dropLocked(old)
+	}
+	if old := b.bySecret[e.secret]; old != nil {
+		b.dropLocked(old) // a secret given twice: only the last submission keeps it
+	}
+	b.pending[dataID] = e
+	b.bySecret[e.secret] = e
+	b.sweepLocked(now)
+}
+
+// dropLocked forgets e. b.mu must be held.
+func (b *Bridge) dropLocked(e *pendingEntry) {
+	if b.pending[e.dataID] == e {
+		delete(b.pending, e.dataID)
+	}
+	if b.bySecret[e.secret] == e {
+		delete(b.bySecret, e.secret)
+	}
+}
+
+// sweepLocked drops the entries older than pendingTTL, at most once per refresh
+// interval, so that ids nobody polls and whose callback never comes do not pile up.
+// b.mu must be held.
+func (b *Bridge) sweepLocked(now time.Time) {
+	if !b.lastSweep.IsZero() && now.Sub(b.lastSweep) < min(b.refresh, b.pendingTTL) {
+		return
+	}
+	b.lastSweep = now
+	for _, e := range b.pending {
+		if now.Sub(e.submitted) > b.pendingTTL {
+			b.dropLocked(e)
+		}
+	}
+}
+
+// Source says where the answer to a poll comes from.
+type Source int
+
+const (
+	Miss    Source = iota // not known here (or another owner's): forward to Core under the route's limit
+	Stored                // a final result of owner's: answer Body, Core not asked, no token
+	Pending               // pending and not overdue: answer Body (the last reply Core gave for it, or InProgress)
+	Overdue               // pending, its callback looks overdue: ask Core (under the route's limit); if the limit refuses, answer Body (as Pending)
+)
+
+// String returns the metric label value of s: "miss", "store", "pending" or "overdue"
+// ("unknown" for a value outside these).
+func (s Source) String() string {
+	switch s {
+	case Miss:
+		return "miss"
+	case Stored:
+		return "store"
+	case Pending:
+		return "pending"
+	case Overdue:
+		return "overdue"
+	}
+	return "unknown"
+}
+
+// Answer is how to answer a poll. Body and ContentType are set for every Source but
+// Miss; Body is shared and must not be modified.
+type Answer struct {
+	Source      Source
+	Body        []byte
+	ContentType string
+}
+
+// Poll decides how a poll of dataID by owner is answered. A pending id of another owner,
+// or a stored result of another owner, is a Miss (Core decides access). Overdue is
+// returned at most once per Refresh per id (the next polls within Refresh get Pending),
+// and only when its callback looks overdue: a callback has arrived for an id submitted
+// more than Refresh after it, or none has arrived for Refresh while ids are pending (and
+// the id itself is older than Refresh). A pending id older than PendingTTL is dropped (Miss).
+//
+// Only callbacks that were stored count as arrived, so forged ones cannot hold back the
+// questions to Core. A stored hit takes no lock of the bridge.
+func (b *Bridge) Poll(dataID string, owner Owner) Answer {
+	if r, ok := b.store.Get(dataID); ok && r.Owner == owner {
+		return Answer{Source: Stored, Body: r.Body, ContentType: r.ContentType}
+	}
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.pending[dataID]
+	if e == nil || e.owner != owner {
+		return Answer{Source: Miss}
+	}
+	if now.Sub(e.submitted) > b.pendingTTL {
+		b.dropLocked(e)
+		return Answer{Source: Miss}
+	}
+	a := Answer{Source: Pending, Body: e.last, ContentType: e.lastType}
+	if b.overdueLocked(e, now) && (e.asked.IsZero() || now.Sub(e.asked) >= b.refresh) {
+		e.asked = now
+		a.Source = Overdue
+	}
+	return a
+}
+
+// overdueLocked reports whether e's callback looks overdue at now: a callback was
+// stored for an id submitted more than refresh after e, or no callback was stored for
+// refresh while e was pending (now - max(last callback, e's submission) >= refresh).
+// b.mu must be held.
+func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
+	if b.newestCalledBack.Sub(e.submitted) > b.refresh {
+		return true
+	}
+	quietSince := e.submitted
+	if b.lastCallback.After(quietSince) {
+		quietSince = b.lastCallback
+	}
+	return now.Sub(quietSince) >= b.refresh
+}
+
+// Observe records Core's 200 answer to a poll of dataID by owner: a final result (IsFinal)
+// is stored and its pending entry dropped; otherwise the body becomes the pending id's
+// last reply (only for a pending id of that owner).
+//
+// A final result is stored with owner as its Owner whoever submitted it (Core gave it
+// to owner), but drops the pending entry only if owner submitted it. A non-final body
+// that is not a JSON object in Core's result format is ignored. body is copied.
+func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType string) {
+	r, err := parseResult(body)
+	if err != nil {
+		return
+	}
+	if r.final() {
+		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
+		b.mu.Lock()
+		if e := b.pending[dataID]; e != nil && e.owner == owner {
+			b.dropLocked(e)
+		}
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.pending[dataID]; e != nil && e.owner == owner {
+		e.last = bytes.Clone(body)
+		e.lastType = contentType
+	}
+}
+
+// PendingLen returns the number of pending ids, after dropping those older than
+// PendingTTL if a sweep is due.
+func (b *Bridge) PendingLen() int {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sweepLocked(now)
+	return len(b.pending)
+}
+
+// Callbacks returns the number of callbacks received since New, by outcome: a key for
+// each of Outcomes (OutcomeStored, OutcomeForged, OutcomeInvalid), always all of them.
+// The counts only grow.
+func (b *Bridge) Callbacks() map[string]float64 {
+	return map[string]float64{
+		OutcomeStored:  float64(b.stored.Load()),
+		OutcomeForged:  float64(b.forged.Load()),
+		OutcomeInvalid: float64(b.invalid.Load()),
+	}
+}
+
+// Handler is the callback listener's http.Handler: POST /callback/{secret} with a JSON body
+// whose data_id is the pending id registered with that secret (constant-time comparison of
+// the secret: crypto/subtle; look the secret up so that timing reveals nothing usable,
+// e.g. keep pending entries by the SHA-256 of the secret), body at most MaxCallbackBytes,
+// a final result: stored (owner = the submitter's), pending dropped, 200. Anything else
+// changes nothing and is counted: wrong or unknown secret (404), replay after storing (404),
+// data_id mismatch or invalid JSON or not final (400), oversized (413), other methods (405).
+//
+// The secret is looked up by its SHA-256, so the timing of the map look-up depends on a
+// digest, which tells nothing of a secret, and the digest found is compared in constant
+// time. A body is read only on a live secret path. Refusals answer Core's error format,
+// {"err": "..."}. Each request is counted under one of Outcomes.
+func (b *Bridge) Handler() http.Handler {
+	return http.HandlerFunc(b.serveCallback)
+}
+
+func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		b.refuse(w, &b.invalid, http.StatusMethodNotAllowed, "Method not allowed", "method", r.Method)
+		return
+	}
+	secret, ok := strings.CutPrefix(r.URL.Path, CallbackPath)
+	if !ok || secret == "" || strings.Contains(secret, "/") {
+		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "path")
+		return
+	}
+	h := sha256.Sum256([]byte(secret))
+	b.mu.Lock()
+	e := b.bySecret[h]
+	var dataID string
+	if e != nil && subtle.ConstantTimeCompare(e.secret[:], h[:]) == 1 {
+		dataID = e.dataID
+	} else {
+		e = nil
+	}
+	b.mu.Unlock()
+	if e == nil {
+		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
+		return
+	}
+
+	if r.ContentLength > b.maxBody {
+		b.refuse(w, &b.invalid, http.StatusRequestEntityTooLarge, "Request body too large", "reason", "size")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, b.maxBody))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			b.refuse(w, &b.invalid, http.StatusRequestEntityTooLarge, "Request body too large", "reason", "size")
+			return
+		}
+		b.refuse(w, &b.invalid, http.StatusBadRequest, "Incomplete request body", "reason", "read", "err", err)
+		return
+	}
+	res, err := parseResult(body)
+	switch {
+	case err != nil:
+		b.refuse(w, &b.invalid, http.StatusBadRequest, "Invalid JSON", "reason", "json")
+		return
+	case res.DataID == nil || subtle.ConstantTimeCompare([]byte(*res.DataID), []byte(dataID)) != 1:
+		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
+		return
+	case !res.final():
+		b.refuse(w, &b.invalid, http.StatusBadRequest, "Result not final", "reason", "progress")
+		return
+	}
+
+	// Claim the secret: of concurrent deliveries, only one stores.
+	now := b.now()
+	b.mu.Lock()
+	if b.bySecret[h] != e {
+		b.mu.Unlock()
+		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
+		return
+	}
+	delete(b.bySecret, h)
+	if now.After(b.lastCallback) {
+		b.lastCallback = now
+	}
+	if e.submitted.After(b.newestCalledBack) {
+		b.newestCalledBack = e.submitted
+	}
+	b.mu.Unlock()
+
+	ct := r.Header.Get("Content-Type")
+	if !strings.HasPrefix(ct, jsonType) {
+		ct = jsonType
+	}
+	b.store.Put(dataID, Result{Body: body, ContentType: ct, Owner: e.owner})
+	b.mu.Lock()
+	b.dropLocked(e)
+	b.mu.Unlock()
+	b.stored.Add(1)
+	w.Header().Set("Content-Type", jsonType)
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, "{}")
+}
+
+// refuse answers a refused callback with status and Core's error body {"err": msg},
+// counts it in n and logs it at debug level with attrs (never the secret).
+func (b *Bridge) refuse(w http.ResponseWriter, n *atomic.Uint64, status int, msg string, attrs ...any) {
+	n.Add(1)
+	b.log.Debug("bridge callback refused", append([]any{"status", status}, attrs...)...)
+	w.Header().Set("Content-Type", jsonType)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, "{\"err\":%q}\n", msg)
+}

@@ -1,0 +1,126 @@
+package bridge
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+)
+
+// Owner identifies who submitted a file: the SHA-256 of its apikey header, the zero of
+// OwnerOf("") for a request without one. Keeping the digest rather than the key means
+// that neither the bridge's memory nor a store holds a client's apikey.
+type Owner [32]byte
+
+// OwnerOf returns the Owner of a request whose apikey header is apikey ("" for none).
+func OwnerOf(apikey string) Owner {
+	return sha256.Sum256([]byte(apikey))
+}
+
+// Result is a final result as Core answered it, kept byte for byte: Body is the JSON of
+// GET /file/{data_id} (or of a callback), ContentType Core's Content-Type header, and
+// Owner the client the result may be served to. Body is shared once put in a Store: no
+// one may modify it afterwards.
+type Result struct {
+	Body        []byte
+	ContentType string
+	Owner       Owner
+}
+
+// Store holds final results by data_id. Safe for concurrent use. Another
+// implementation (Redis) will come later.
+//
+// Get returns the result put for dataID, unless it expired or was evicted. Put keeps r
+// for dataID, replacing any earlier result; a store may decline to keep it (too large,
+// or unreachable), so a Put never promises a later Get. Len is the number of entries and
+// Bytes the bytes held (bodies and keys, roughly, with a per-entry overhead).
+type Store interface {
+	Get(dataID string) (Result, bool)
+	Put(dataID string, r Result)
+	Len() int     // entries
+	Bytes() int64 // bytes held (bodies and keys, roughly)
+}
+
+// entryOverhead is the weight added to each entry of a MemoryStore for what is not its
+// body, key or content type: otter's node, the Result and the slice and string headers,
+// in bytes (an estimate).
+const entryOverhead = 160
+
+// MemoryStore is a Store in the process's memory, bounded in bytes, whose entries
+// expire a fixed time after they were put. It is built on github.com/maypok86/otter/v2
+// (W-TinyLFU eviction by weight, expiry after write). Safe for concurrent use.
+//
+// otter runs a goroutine that removes expired entries every second; Close stops it. A
+// MemoryStore that is no longer referenced stops it by itself at its next tick, so Close
+// is needed only where goroutines are counted (tests with goleak) or at shutdown.
+type MemoryStore struct {
+	c        *otter.Cache[string, Result]
+	maxEntry int64 // a result weighing more is not kept
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns a Store bounded to maxBytes (a result larger than maxBytes/16 is
+// not kept) whose entries expire ttl after they were put; built on
+// github.com/maypok86/otter/v2 v2.4.0 (weight = len(body)+len(dataID)+overhead; expiry after
+// write). Call Close when done with it. It returns an error if maxBytes or ttl is not
+// positive.
+func NewMemoryStore(maxBytes int64, ttl time.Duration) (*MemoryStore, error) {
+	return newMemoryStore(maxBytes, ttl, nil)
+}
+
+// newMemoryStore is NewMemoryStore with otter's clock: nil for the real one, a fake one
+// in tests.
+func newMemoryStore(maxBytes int64, ttl time.Duration, clock otter.Clock) (*MemoryStore, error) {
+	if maxBytes <= 0 {
+		return nil, errors.New("bridge: the store's maximum size must be positive")
+	}
+	if ttl <= 0 {
+		return nil, errors.New("bridge: the store's time to live must be positive")
+	}
+	c, err := otter.New(&otter.Options[string, Result]{
+		MaximumWeight:    uint64(maxBytes),
+		Weigher:          func(dataID string, r Result) uint32 { return weightOf(dataID, r) },
+		ExpiryCalculator: otter.ExpiryWriting[string, Result](ttl),
+		Clock:            clock,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: creating the result store: %w", err)
+	}
+	return &MemoryStore{c: c, maxEntry: maxBytes / 16}, nil
+}
+
+// weightOf is the weight of an entry in bytes, capped at otter's uint32.
+func weightOf(dataID string, r Result) uint32 {
+	w := int64(len(r.Body)) + int64(len(dataID)) + int64(len(r.ContentType)) + entryOverhead
+	return uint32(min(w, math.MaxUint32))
+}
+
+// Get returns the result kept for dataID, if any and not expired.
+func (s *MemoryStore) Get(dataID string) (Result, bool) {
+	return s.c.GetIfPresent(dataID)
+}
+
+// Put keeps r for dataID for the store's time to live, unless it weighs more than a
+// sixteenth of the store's maximum size; then nothing changes. r.Body must not be
+// modified afterwards.
+func (s *MemoryStore) Put(dataID string, r Result) {
+	if int64(weightOf(dataID, r)) > s.maxEntry {
+		return
+	}
+	s.c.Set(dataID, r)
+}
+
+// Len returns the number of entries (an estimate while otter's maintenance catches up).
+func (s *MemoryStore) Len() int { return s.c.EstimatedSize() }
+
+// Bytes returns the weight of the entries, in bytes: bodies, keys, content types and a
+// fixed overhead each.
+func (s *MemoryStore) Bytes() int64 { return int64(s.c.WeightedSize()) }
+
+// Close stops otter's clean-up goroutine. The store still answers afterwards, but expired
+// entries are removed only when met. Close may be called more than once.
+func (s *MemoryStore) Close() { s.c.StopAllGoroutines() }
