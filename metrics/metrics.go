@@ -225,6 +225,70 @@ func (c clientKeysCollector) Collect(ch chan<- prometheus.Metric) {
 	})
 }
 
+// BridgeReporter is what RegisterBridge reads of the bridge at each scrape;
+// *bridge.Bridge is one.
+type BridgeReporter interface {
+	// PendingLen is the number of submissions whose result has not arrived.
+	PendingLen() int
+	// Callbacks is the number of callbacks received since the start by outcome, a key
+	// of a small fixed set (the bridge's stored, forged, invalid) each.
+	Callbacks() map[string]float64
+}
+
+// StoreReporter is what RegisterBridge reads of the bridge's result store at each
+// scrape; *bridge.MemoryStore is one.
+type StoreReporter interface {
+	// Len is the number of results held.
+	Len() int
+	// Bytes is the size of the results held, in bytes (bodies and keys, roughly).
+	Bytes() int64
+}
+
+// RegisterBridge registers on reg mdproxy_bridge_callbacks_total by outcome (counter),
+// mdproxy_bridge_pending_ids, mdproxy_bridge_store_entries and mdproxy_bridge_store_bytes
+// (gauges), read from b and s at each scrape. The outcome label values are the keys
+// b.Callbacks returns, a fixed set. It panics if they are already registered on reg.
+func RegisterBridge(reg prometheus.Registerer, b BridgeReporter, s StoreReporter) {
+	reg.MustRegister(bridgeCollector{b, s})
+}
+
+var (
+	bridgeCallbacksDesc = prometheus.NewDesc(Namespace+"_bridge_callbacks_total",
+		"Callbacks received by the bridge's listener, by outcome: stored (a final result on a live secret path), forged (no live secret path: wrong or unknown secret, replay, late), invalid (another method, or a live secret path with a body too large, not JSON, of another data_id or not final).",
+		[]string{"outcome"}, nil)
+	bridgePendingDesc = prometheus.NewDesc(Namespace+"_bridge_pending_ids",
+		"Submissions the bridge waits for: their callback has not arrived and no poll brought their final result, younger than MDPROXY_BRIDGE_PENDING_TTL.",
+		nil, nil)
+	bridgeStoreEntriesDesc = prometheus.NewDesc(Namespace+"_bridge_store_entries",
+		"Final results held in the bridge's result store.",
+		nil, nil)
+	bridgeStoreBytesDesc = prometheus.NewDesc(Namespace+"_bridge_store_bytes",
+		"Size of the results held in the bridge's result store, in bytes (bodies, keys and a per-entry overhead); at most MDPROXY_STORE_MAX_BYTES.",
+		nil, nil)
+)
+
+// bridgeCollector reads a BridgeReporter and a StoreReporter at scrape time.
+type bridgeCollector struct {
+	b BridgeReporter
+	s StoreReporter
+}
+
+func (c bridgeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- bridgeCallbacksDesc
+	ch <- bridgePendingDesc
+	ch <- bridgeStoreEntriesDesc
+	ch <- bridgeStoreBytesDesc
+}
+
+func (c bridgeCollector) Collect(ch chan<- prometheus.Metric) {
+	for outcome, n := range c.b.Callbacks() {
+		ch <- prometheus.MustNewConstMetric(bridgeCallbacksDesc, prometheus.CounterValue, n, outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(bridgePendingDesc, prometheus.GaugeValue, float64(c.b.PendingLen()))
+	ch <- prometheus.MustNewConstMetric(bridgeStoreEntriesDesc, prometheus.GaugeValue, float64(c.s.Len()))
+	ch <- prometheus.MustNewConstMetric(bridgeStoreBytesDesc, prometheus.GaugeValue, float64(c.s.Bytes()))
+}
+
 // Version, when set at link time (-ldflags "-X
 // github.com/mdproxy/mdproxy/metrics.Version=v1.2.3"), is the version label of
 // mdproxy_build_info; otherwise the main module's version from the binary's build
