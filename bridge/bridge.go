@@ -340,21 +340,32 @@ func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
 // is stored and its pending entry dropped; otherwise the body becomes the pending id's
 // last reply (only for a pending id of that owner).
 //
-// A final result is stored with owner as its Owner whoever submitted it (Core gave it
-// to owner), but drops the pending entry only if owner submitted it. A non-final body
-// that is not a JSON object in Core's result format is ignored. body is copied.
+// A final result is stored with owner as its Owner, unless the id is pending for another
+// owner or a result of another owner is stored for it: then nothing changes, so that a
+// client polling an id it did not submit (Core let it) cannot take the submitter's place.
+// A body that is not a JSON object in Core's result format is ignored. body is copied.
 func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType string) {
 	r, err := parseResult(body)
 	if err != nil {
 		return
 	}
 	if r.final() {
-		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
 		b.mu.Lock()
-		if e := b.pending[dataID]; e != nil && e.owner == owner {
-			b.dropLocked(e)
-		}
+		e := b.pending[dataID]
 		b.mu.Unlock()
+		if e != nil && e.owner != owner {
+			return // the submitter's callback is still to come: keep its place
+		}
+		if old, ok := b.store.Get(dataID); ok && old.Owner != owner {
+			return // do not take the submitter's result from it
+		}
+		// Stored before the pending entry goes, so that a poll meanwhile finds one.
+		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
+		if e != nil {
+			b.mu.Lock()
+			b.dropLocked(e)
+			b.mu.Unlock()
+		}
 		return
 	}
 	b.mu.Lock()
