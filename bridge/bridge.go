@@ -452,6 +452,9 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		b.refuse(w, &b.invalid, http.StatusBadRequest, "Incomplete request body", "reason", "read", "err", err)
 		return
 	}
+	if cap(body)-len(body) > len(body)/8 {
+		body = bytes.Clone(body) // the store weighs len(body): hold no more than that
+	}
 	res, err := parseResult(body)
 	switch {
 	case err != nil:
