@@ -93,6 +93,21 @@ func TestDashboardShape(t *testing.T) {
 			t.Errorf("panel %s: variable left after substitution: %s", name, expr)
 		}
 	}
+	// The bridge's metrics each have a panel (through a recording rule for the polls'
+	// share).
+	var all strings.Builder
+	for _, expr := range q {
+		all.WriteString(expr + "\n")
+	}
+	for _, m := range []string{
+		"mdproxy_bridge_polls_total", "mdproxy:bridge_polls_without_core_ratio:rate5m",
+		"mdproxy_bridge_callbacks_total", "mdproxy_bridge_pending_ids",
+		"mdproxy_bridge_store_entries", "mdproxy_bridge_store_bytes",
+	} {
+		if !strings.Contains(all.String(), m) {
+			t.Errorf("no panel query uses %s", m)
+		}
+	}
 }
 
 type ruleFile struct {
@@ -106,6 +121,19 @@ type ruleFile struct {
 			Annotations map[string]string `yaml:"annotations"`
 		} `yaml:"rules"`
 	} `yaml:"groups"`
+}
+
+// alertRules returns the names of the alerting rules.
+func alertRules(t *testing.T) []string {
+	var rf ruleFile
+	readYAML(t, filepath.Join("prometheus", "rules", "alerts.yml"), &rf)
+	var names []string
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			names = append(names, r.Alert)
+		}
+	}
+	return names
 }
 
 // recordingRules returns the names of the recording rules.
@@ -133,7 +161,7 @@ func TestAlertsHaveSummaryAndDescription(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"MdproxyDown", "MdproxyRejectionRatioHigh", "MdproxyUpstreamErrors", "CoreScanQueueFull", "MdproxyUpstreamLatencyHigh"} {
+	for _, want := range []string{"MdproxyDown", "MdproxyRejectionRatioHigh", "MdproxyUpstreamErrors", "CoreScanQueueFull", "MdproxyUpstreamLatencyHigh", "MdproxyBridgeCallbacksStopped"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no alert %s in alerts.yml", want)
 		}

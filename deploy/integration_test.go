@@ -127,9 +127,11 @@ func promQuery(t *testing.T, base, q string) (int, error) {
 
 // TestAgainstPrometheus starts the Core emulator, mdproxy in front of it and a real
 // Prometheus (Debian's package) scraping both with deploy/'s rules, runs
-// `mdbench --quick` through the proxy, then evaluates every dashboard panel query and
-// every recording rule through Prometheus's HTTP API: each must return data. It also
-// checks the dashboard uses only metrics that mdproxy exports.
+// `mdbench --quick` through the proxy, with the bridge on, then evaluates every
+// dashboard panel query and every recording rule through Prometheus's HTTP API: each
+// must return data. It also checks that the bridge stored callbacks and answered polls,
+// that every rule loaded is healthy, and that the dashboard uses only metrics that
+// mdproxy exports.
 func TestAgainstPrometheus(t *testing.T) {
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -150,17 +152,21 @@ func TestAgainstPrometheus(t *testing.T) {
 	}
 
 	// The emulator at 60× with a small scan queue, so that Core's own 503 (queue full)
-	// shows; mdproxy with limits scaled by 60 and a maximum wait, so that requests are
-	// allowed, delayed and rejected.
+	// shows; mdproxy with limits scaled by 60 and a maximum wait, and with the bridge on
+	// (its default) and its callback listener on a free port, where the emulator delivers
+	// the results of the submissions that bring no callbackurl (the callback URL follows
+	// the listener). The bridge answers the polls of those submissions without the
+	// limiter, so that their fetch error rate is 0.
 	const speedup = "60"
 	core := start(t, ctx, filepath.Join(dir, "coresim"), []string{
 		"CORESIM_LISTEN_ADDR=127.0.0.1:0", "CORESIM_ADMIN_ADDR=127.0.0.1:0",
 		"CORESIM_SPEEDUP=" + speedup, "CORESIM_TICK=1ms", "CORESIM_QUEUE_SIZE=60",
 	}).waitAddr(t)
 	proxy := start(t, ctx, filepath.Join(dir, "mdproxy"), []string{
-		"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0",
+		"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL=http://" + core["listen"].(string),
 		"MDPROXY_FILE_RESULT_RATE=300", "MDPROXY_FILE_RESULT_BURST=50", "MDPROXY_FILE_RESULT_MAX_WAIT=20ms",
+		"MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
 	}).waitAddr(t)
 	proxyURL, proxyAdmin := "http://"+proxy["listen"].(string), proxy["admin"].(string)
 
@@ -203,7 +209,9 @@ scrape_configs:
 	})
 
 	// The benchmark's quick run through the proxy: polling (No-limit, the proxy's
-	// limits apply) and callbacks; plus a few clients that go away (499).
+	// limits apply; bridged, so Core's callbacks reach mdproxy and polls are answered
+	// from its store) and callbacks of the client's own (Webhook, not bridged); plus a
+	// few clients that go away (499).
 	bench := exec.CommandContext(ctx, filepath.Join(dir, "mdbench"), "--quick", "--core-url", proxyURL,
 		"--speedup", speedup, "--scenarios", "No-limit,Webhook", "--callback-addr", "127.0.0.1:0",
 		"--data-dir", filepath.Join(dir, "data"))
@@ -245,6 +253,15 @@ scrape_configs:
 			t.Errorf("panel %q: query %s returned %d series, %v; want data", name, q, n, qerr)
 		}
 	}
+	// The bridge did its work: callbacks stored, polls answered without Core.
+	for _, q := range []string{
+		`sum(mdproxy_bridge_callbacks_total{outcome="stored"}) > 0`,
+		`sum(mdproxy_bridge_polls_total{source=~"store|pending"}) > 0`,
+	} {
+		if n, err := promQuery(t, promURL, q); err != nil || n == 0 {
+			t.Errorf("%s: %d series, %v; want the bridge on and used", q, n, err)
+		}
+	}
 	for _, rule := range recordingRules(t) {
 		if n, err := promQuery(t, promURL, rule); err != nil || n == 0 {
 			t.Errorf("recording rule %s returned %d series, %v; want data", rule, n, err)
@@ -275,7 +292,7 @@ scrape_configs:
 			}
 		}
 	}
-	if want := len(recordingRules(t)) + 5; loaded != want {
+	if want := len(recordingRules(t)) + len(alertRules(t)); loaded != want {
 		t.Errorf("Prometheus loaded %d rules, want %d", loaded, want)
 	}
 
