@@ -82,6 +82,11 @@ type Metrics struct {
 	// idle timeout, by route and peer (client or core). Its series are created on
 	// first use.
 	BodyTimeouts *prometheus.CounterVec
+	// BridgePolls counts polls of GET /file/{data_id} answered with the bridge on, by
+	// source: store (a final result kept by the proxy), pending (the scan is not over:
+	// Core not asked) or core (Core was asked). Polls the limit refused count in
+	// Decisions only.
+	BridgePolls *prometheus.CounterVec
 	// InFlight is the number of requests being served, by route.
 	InFlight *prometheus.GaugeVec
 	// RequestBytes counts request body bytes read from clients, by route.
@@ -135,6 +140,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "upstream_errors_total",
 			Help: "Failed round trips to Core by route and kind (refused, reset, timeout, canceled, other).",
 		}, []string{"route", "kind"}),
+		BridgePolls: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "bridge_polls_total",
+			Help: "Result polls answered with the bridge on, by source: store, pending (Core not asked) or core.",
+		}, []string{"source"}),
 		BodyTimeouts: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "body_timeouts_total",
 			Help: "Exchanges cut because a request or response body made no progress for the body idle timeout, by route and peer (client, core).",

@@ -52,3 +52,18 @@ func BenchmarkHandlerRejectParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkHandlerStoreHit measures a poll answered by the bridge from its store: the
+// path every poll of a finished scan takes with the bridge on. It must cost no more than
+// BenchmarkHandlerReject, the limit answer it replaces for such polls.
+func BenchmarkHandlerStoreHit(b *testing.B) {
+	h, req := storeHitHandler(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			b.Fatalf("status = %d, want 200", rec.Code)
+		}
+	}
+}

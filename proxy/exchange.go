@@ -44,6 +44,7 @@ type exchange struct {
 	idle   time.Duration   // 0: no idle bound
 	client deadliner       // nil when the ResponseWriter has no deadlines
 	ctx    context.Context // the client's request context
+	sub    *submission     // a POST /file the bridge gave a callback URL; nil otherwise
 
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known

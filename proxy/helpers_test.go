@@ -29,6 +29,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
@@ -174,6 +175,37 @@ func rejectHandler(b *testing.B) (http.Handler, *http.Request) {
 	req := httptest.NewRequest(http.MethodGet, "/file/61dffeaa728844adbf49eb090e4ece0e", nil)
 	h.ServeHTTP(httptest.NewRecorder(), req) // takes the only token
 	return h, req
+}
+
+// storeHitHandler is the proxy with the bridge on, its store holding the final result of
+// the poll it returns, and file_result's bucket empty for good: the poll is answered
+// from the store, the way rejections are answered, without Core or a token.
+func storeHitHandler(b *testing.B) (http.Handler, *http.Request) {
+	b.Helper()
+	const id = "61dffeaa728844adbf49eb090e4ece0e"
+	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(store.Close)
+	br, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9010", Store: store})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"data_id":"` + id + `","scan_results":{"scan_all_result_i":0,"scan_all_result_a":"No Threat Detected","progress_percentage":100},"process_info":{"progress_percentage":100,"result":"Allowed"}}`)
+	store.Put(id, bridge.Result{Body: body, ContentType: "application/json", Owner: bridge.OwnerOf("")})
+	up := httptest.NewServer(http.NotFoundHandler())
+	b.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Options{Upstream: u, Metrics: metrics.New(prometheus.NewRegistry()), Limits: set, Bridge: br})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p, httptest.NewRequest(http.MethodGet, "/file/"+id, nil)
 }
 
 // countingUpstream answers 200 "ok" and counts the requests it receives.

@@ -26,7 +26,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
+	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
@@ -62,6 +64,10 @@ type Options struct {
 	TrustedProxies []netip.Prefix
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
+	// Bridge, when not nil, takes Core's callback for each POST /file that brings no
+	// callbackurl of its own, and answers GET /file/{data_id} from what it knows
+	// (package bridge). nil: every request is forwarded.
+	Bridge Bridge
 	// BodyIdleTimeout bounds how long a client may make no progress sending its
 	// request body or reading its answer; the exchange is then cut and counted
 	// (mdproxy_body_timeouts_total). Core's side is bounded by the Transport
@@ -87,7 +93,11 @@ type route struct {
 	// bucket is the route's bucket now (nil: unlimited). SetLimits swaps it; a request
 	// loads it once and keeps that bucket to the end, a wait for a token included.
 	bucket          atomic.Pointer[limiter.Bucket]
-	submit          bool // POST /file: Content-Length required
+	submit          bool // POST /file: Content-Length required, bridged
+	polled          bool // GET /file/{data_id}: answered by the bridge
+	bridge          Bridge
+	flight          singleflight.Group // one Core request for concurrent polls of an id
+	polls           [bridge.Overdue + 1]prometheus.Counter
 	proxy           *httputil.ReverseProxy
 	requests        *prometheus.CounterVec
 	decisions       [limiter.Canceled + 1]prometheus.Counter
@@ -152,6 +162,21 @@ func New(opts Options) (*Proxy, error) {
 	for _, rt := range routeTable {
 		h := newRoute(rt.name, opts)
 		h.submit = rt.name == "submit"
+		h.polled = rt.name == "file_result"
+		if opts.Bridge != nil && (h.submit || h.polled) {
+			h.bridge = opts.Bridge
+			if h.submit {
+				h.proxy.ModifyResponse = h.recordSubmission
+			}
+			for src := bridge.Miss; src <= bridge.Overdue; src++ {
+				// Polls Core answered (Miss and Overdue alike) count as "core".
+				label := src.String()
+				if src == bridge.Miss || src == bridge.Overdue {
+					label = "core"
+				}
+				h.polls[src] = opts.Metrics.BridgePolls.WithLabelValues(label)
+			}
+		}
 		p.routes = append(p.routes, h)
 		for _, pattern := range rt.patterns {
 			switch rt.method {
@@ -321,22 +346,22 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	b := rt.bucket.Load() // this request's bucket to its end, whatever a reload swaps in
-	var client string
-	if b.Limit().ClientLimit > 0 {
-		client = clientKey(r, rt.trusted)
+	var sub *submission
+	if rt.bridge != nil {
+		switch {
+		case rt.polled:
+			rt.servePoll(rec, r)
+			return
+		case rt.submit:
+			sub = rt.bridgeSubmission(r)
+		}
 	}
-	d := b.Acquire(r.Context(), r, client)
-	rt.decisions[d.Outcome].Inc()
+
+	d := rt.acquire(r.Context(), r)
 	rec.decision = d.Outcome.String()
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
-		rec.Header()["Retry-After"] = []string{strconv.Itoa(d.RetryAfterSeconds())}
-		body := rt.rejectBody
-		if d.Outcome == limiter.RejectedClient {
-			body = rt.rejectClientBody
-		}
-		writeBody(rec, rt.limitStatus, body)
+		rt.writeLimit(rec, d)
 		return
 	case limiter.Canceled:
 		abort(rec)
@@ -345,6 +370,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex := newExchange(w, r, rt.bodyIdle)
 	defer ex.finish()
 	rec.ex = ex
+	ex.sub = sub
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &requestBody{ReadCloser: r.Body, ex: ex}
@@ -354,6 +380,30 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.bodyDone = true
 	}
 	rt.proxy.ServeHTTP(rec, r.WithContext(ctx))
+}
+
+// acquire asks the route's bucket (the one in place now, kept to the decision's end,
+// whatever a reload swaps in) for a token for r, and counts the decision.
+func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision {
+	b := rt.bucket.Load()
+	var client string
+	if b.Limit().ClientLimit > 0 {
+		client = clientKey(r, rt.trusted)
+	}
+	d := b.Acquire(ctx, r, client)
+	rt.decisions[d.Outcome].Inc()
+	return d
+}
+
+// writeLimit answers a request the bucket rejected: the limit status with Retry-After
+// and a Core-style body.
+func (rt *route) writeLimit(w http.ResponseWriter, d limiter.Decision) {
+	w.Header()["Retry-After"] = []string{strconv.Itoa(d.RetryAfterSeconds())}
+	body := rt.rejectBody
+	if d.Outcome == limiter.RejectedClient {
+		body = rt.rejectClientBody
+	}
+	writeBody(w, rt.limitStatus, body)
 }
 
 // abort ends the request without an answer: net/http recovers http.ErrAbortHandler

@@ -106,6 +106,33 @@ type Config struct {
 	// false: /debug/pprof/ answers 404.
 	Pprof bool `env:"PPROF"`
 
+	// The bridge (sidecar/bridge.go, package bridge): Core's callbacks taken by mdproxy,
+	// polls answered from what it knows.
+
+	// Bridge turns the bridge on (the default) or off (false: every request is
+	// forwarded as without it).
+	Bridge bool `env:"BRIDGE" envDefault:"true"`
+	// BridgeListenAddr is the callback listener's address, where Core delivers the
+	// results of bridged submissions; a sidecar shares Core's network namespace, so the
+	// default is loopback. Default 127.0.0.1:9010.
+	BridgeListenAddr string `env:"BRIDGE_LISTEN_ADDR" envDefault:"127.0.0.1:9010"`
+	// BridgeCallbackURL is the base URL at which Core reaches the callback listener.
+	// Default: http:// (https:// with MDPROXY_TLS_CERT_FILE) and the listener's address,
+	// http://127.0.0.1:9010 with the default address.
+	BridgeCallbackURL string `env:"BRIDGE_CALLBACK_URL"`
+	// BridgeRefresh is how long a pending scan's callback may be overdue before Core is
+	// asked about it (then at most once per BridgeRefresh per data_id). Default 60s.
+	BridgeRefresh time.Duration `env:"BRIDGE_REFRESH" envDefault:"60s"`
+	// BridgePendingTTL is how long a submission waits for its result before the bridge
+	// forgets it (its polls are then forwarded). Default 24h.
+	BridgePendingTTL time.Duration `env:"BRIDGE_PENDING_TTL" envDefault:"24h"`
+	// StoreMaxBytes bounds the bytes of final results kept, in bytes. Default 268435456
+	// (256 MiB).
+	StoreMaxBytes int64 `env:"STORE_MAX_BYTES" envDefault:"268435456"`
+	// StoreTTL is how long a final result is kept, as Core keeps it by default. Default
+	// 24h.
+	StoreTTL time.Duration `env:"STORE_TTL" envDefault:"24h"`
+
 	tlsLoaded tlsSettings
 }
 
@@ -173,6 +200,10 @@ var configWants = map[string]string{
 	"BODY_IDLE_TIMEOUT":     "want a duration with its unit above 0 (e.g. 60s)",
 	"SHUTDOWN_DELAY":        "want a duration with its unit >= 0 (e.g. 5s); 0 = close the listener at once",
 	"SHUTDOWN_TIMEOUT":      "want a duration with its unit >= 0 (e.g. 30s); 0 = cut in-flight requests at once",
+	"BRIDGE_REFRESH":        "want a duration with its unit above 0 (e.g. 60s)",
+	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0 (e.g. 24h)",
+	"STORE_MAX_BYTES":       "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
+	"STORE_TTL":             "want a duration with its unit above 0 (e.g. 24h)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -242,6 +273,7 @@ func (c *Config) validate(environ map[string]string) error {
 		bad("LOG_LEVEL", "want debug, info, warn or error")
 	}
 	errs.Add(c.validateTLS(environ))
+	errs.Add(c.validateBridge(environ))
 	return errs.Err()
 }
 

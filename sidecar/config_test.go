@@ -289,7 +289,7 @@ func TestLoadConfigTrustedProxies(t *testing.T) {
 // TestLoadConfigPortZero: port 0 gives each listener a free port of its own, so the
 // same address with port 0 for both is not the same listener (tests rely on it).
 func TestLoadConfigPortZero(t *testing.T) {
-	env := map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0"}
+	env := map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"}
 	c, err := LoadConfig(env)
 	if err != nil {
 		t.Fatalf("LoadConfig(%v) error = %v, want nil", env, err)

@@ -53,6 +53,8 @@ func startRun(t *testing.T, upstreamURL string, env map[string]string, opts ...O
 		"MDPROXY_LISTEN_ADDR":    "127.0.0.1:0",
 		"MDPROXY_ADMIN_ADDR":     "127.0.0.1:0",
 		"MDPROXY_SHUTDOWN_DELAY": "0s",
+		// The bridge's callback listener on a port of its own: tests run in parallel.
+		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL

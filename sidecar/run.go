@@ -85,7 +85,17 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	tr := proxy.NewTransport(topts)
 	// Pooled connections to Core end with Run: no goroutine of them outlives it.
 	defer tr.CloseIdleConnections()
+	br, err := startBridge(ctx, cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	defer br.close()    // after the drain below: callbacks of scans in flight still land
+	var pb proxy.Bridge // nil when the bridge is off (not a nil *bridge.Bridge inside)
+	if br != nil {
+		pb = br.b
+	}
 	h, err := proxy.New(proxy.Options{
+		Bridge:          pb,
 		Upstream:        cfg.upstream,
 		Transport:       tr,
 		Limits:          limits,
@@ -126,15 +136,22 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		ErrorLog:          errLog,
 	}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(pl) }()
 	go func() { errc <- admin.Serve(al) }()
+	br.serve(cfg, log, errc)
 	version, revision, _ := metrics.BuildVersion()
 	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
 		"version", version, "revision", revision)
 	settings := settingsOf(cfg, limits) // as /config answers them
 	log.Info("settings", "variables", settings.Variables, "routes", settings.Routes)
+	if br != nil {
+		log.Info("bridge on: Core's callbacks taken, polls answered from what mdproxy knows",
+			"callback_listen", br.ln.Addr().String(), "callback_url", br.cbBase)
+	} else {
+		log.Info("bridge off: every poll is forwarded (MDPROXY_BRIDGE=false)")
+	}
 	if unknown := unknownVariables(environ); len(unknown) > 0 {
 		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}

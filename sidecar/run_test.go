@@ -119,7 +119,7 @@ func TestRunListenError(t *testing.T) {
 	defer busy.Close()
 	for _, name := range []string{"MDPROXY_LISTEN_ADDR", "MDPROXY_ADMIN_ADDR"} {
 		environ := map[string]string{
-			"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0",
+			"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 			name: busy.Addr().String(),
 		}
 		err := Run(context.Background(), environ, io.Discard, nil)
@@ -321,7 +321,7 @@ func TestStart(t *testing.T) {
 	up := sidecartest.NewUpstream(t)
 	var logs sidecartest.LogBuffer
 	url, stop, err := Start(context.Background(), map[string]string{
-		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0",
+		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL": up.URL, "MDPROXY_SHUTDOWN_DELAY": "0s",
 	}, &logs)
 	if err != nil {

@@ -80,8 +80,9 @@ func startBinary(t *testing.T, upstreamURL string, env map[string]string) *proc 
 	t.Helper()
 	bin := sharedBinary(t)
 	environ := map[string]string{
-		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0",
-		"MDPROXY_ADMIN_ADDR":  "127.0.0.1:0",
+		"MDPROXY_LISTEN_ADDR":        "127.0.0.1:0",
+		"MDPROXY_ADMIN_ADDR":         "127.0.0.1:0",
+		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL

@@ -96,7 +96,7 @@ func TestBinary(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin, tc.args...)
 			// Should it serve instead, it does so on free ports until the safety bound.
-			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0"}
+			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0"}
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			if code := exitCode(t, cmd.Run()); code != tc.code {
@@ -214,7 +214,7 @@ func TestBinary(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), safety)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{"MDPROXY_LISTEN_ADDR=" + busy.Addr().String(), "MDPROXY_ADMIN_ADDR=127.0.0.1:0"}
+		cmd.Env = []string{"MDPROXY_LISTEN_ADDR=" + busy.Addr().String(), "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0"}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		if code := exitCode(t, cmd.Run()); code != 1 {
@@ -238,7 +238,7 @@ func TestBinary(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), safety)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin)
-			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL,
+			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL,
 				"MDPROXY_SHUTDOWN_DELAY=0s"} // the delay is TestShutdownDelay's
 			stderr, err := cmd.StderrPipe()
 			if err != nil {

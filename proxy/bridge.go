@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"strconv"
+
+	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// Bridge is what the proxy needs of the bridge (package bridge): a callback URL for
+// each submission that brings none, the record of what Core accepted, and the answer to
+// a poll of a data_id from what the bridge knows. *bridge.Bridge implements it.
+type Bridge interface {
+	Callback() (callbackURL, secret string, err error)
+	Submitted(dataID, secret string, owner bridge.Owner)
+	Poll(dataID string, owner bridge.Owner) bridge.Answer
+	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
+}
+
+var _ Bridge = (*bridge.Bridge)(nil)
+
+// maxSubmitAnswer bounds the part of Core's answer to POST /file that the proxy reads to
+// learn the data_id: Core answers a small JSON object.
+const maxSubmitAnswer = 1 << 20
+
+// maxSharedPoll bounds Core's answer to a poll that the proxy buffers to share it
+// between concurrent polls of one data_id and to store it. A larger answer (an archive
+// with very many extracted files) is relayed to its own client only.
+const maxSharedPoll = 64 << 20
+
+// submission is a POST /file the bridge registered a callback for.
+type submission struct {
+	secret string
+	owner  bridge.Owner
+}
+
+// bridgeSubmission gives r, a POST /file without a callbackurl of its own, the callback
+// URL of the bridge's listener, and returns what to record once Core accepts it. A
+// submission that brings its own callbackurl is the client's business: nil.
+func (rt *route) bridgeSubmission(r *http.Request) *submission {
+	if r.Header.Get("callbackurl") != "" {
+		return nil
+	}
+	cb, secret, err := rt.bridge.Callback()
+	if err != nil {
+		rt.log.Warn("bridge: no callback URL; the submission is forwarded without one", "err", err.Error())
+		return nil
+	}
+	r.Header.Set("callbackurl", cb)
+	return &submission{secret: secret, owner: bridge.OwnerOf(r.Header.Get("apikey"))}
+}
+
+// recordSubmission is the submit route's ModifyResponse: when Core accepted a bridged
+// submission, the data_id it answered is recorded as pending. Core's answer reaches the
+// client unchanged.
+func (rt *route) recordSubmission(resp *http.Response) error {
+	ex := exchangeOf(resp.Request)
+	if ex == nil || ex.sub == nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
+	if err != nil {
+		return fmt.Errorf("reading Core's answer to a submission: %w", err)
+	}
+	resp.Body = readCloser{Reader: bytes.NewReader(body), Closer: resp.Body}
+	var answer struct {
+		DataID string `json:"data_id"`
+	}
+	if len(body) > maxSubmitAnswer || json.Unmarshal(body, &answer) != nil || answer.DataID == "" {
+		rt.log.Warn("bridge: Core's answer to a submission names no data_id; its result will be polled from Core")
+		return nil
+	}
+	rt.bridge.Submitted(answer.DataID, ex.sub.secret, ex.sub.owner)
+	return nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// servePoll answers GET or HEAD /file/{data_id} with the bridge: a stored result or the
+// pending answer without asking Core or taking a token; otherwise Core is asked under the
+// route's limit, once for all the concurrent polls of the same data_id by the same owner,
+// and its final answer is stored. A pending id is never answered with the limit answer:
+// when Core may not be asked now, its pending answer stands.
+func (rt *route) servePoll(rec *recorder, r *http.Request) {
+	id := path.Base(r.URL.Path) // as the client spelt it; the routing path is lower-cased
+	owner := bridge.OwnerOf(r.Header.Get("apikey"))
+	a := rt.bridge.Poll(id, owner)
+	switch a.Source {
+	case bridge.Stored, bridge.Pending:
+		rt.polls[a.Source].Inc()
+		rec.decision = a.Source.String()
+		writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
+		return
+	}
+	key := r.Method + " " + id + " " + string(owner[:])
+	var f *fetched
+	for {
+		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(r, id, owner), nil })
+		f = v.(*fetched)
+		// The poll that asked Core left (and, waiting for a token, gave its turn on):
+		// a poll still here asks again itself.
+		if !f.canceled || r.Context().Err() != nil {
+			break
+		}
+	}
+	switch {
+	case f.canceled:
+		abort(rec)
+	case f.aborted:
+		abort(rec)
+	case !f.decision.Pass():
+		rec.decision = f.decision.Outcome.String()
+		if a.Source == bridge.Overdue {
+			// Core may not be asked now: the pending answer, never a 503.
+			rt.polls[bridge.Pending].Inc()
+			writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
+			return
+		}
+		rt.writeLimit(rec, f.decision)
+	default:
+		rec.decision = f.decision.Outcome.String()
+		rt.polls[bridge.Miss].Inc()
+		h := rec.Header()
+		for k, v := range f.header {
+			h[k] = v
+		}
+		writeAnswer(rec, r, f.status, nil, f.body)
+	}
+}
+
+// fetched is Core's answer to a poll, buffered to be shared by every poll waiting on it.
+type fetched struct {
+	decision limiter.Decision
+	status   int
+	header   http.Header
+	body     []byte
+	aborted  bool // the answer broke off: each client gets a cut connection
+	canceled bool // the poll that asked left first: the others ask again
+}
+
+// fetchPoll asks Core about id for owner, under the route's limit, and buffers its
+// answer; a final 200 is stored by the bridge. It follows r's context: the client that
+// asked leaving cancels its wait for a token (its turn given on, issue 9) or its
+// request to Core, and the other polls waiting on it ask again.
+func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *fetched) {
+	ctx := r.Context()
+	f = &fetched{decision: rt.acquire(ctx, r)}
+	if f.decision.Outcome == limiter.Canceled {
+		f.canceled = true
+		return f
+	}
+	if !f.decision.Pass() {
+		return f
+	}
+	buf := &bufferWriter{header: http.Header{}}
+	ex := newExchange(buf, r, 0)
+	ex.bodyDone = true
+	defer ex.finish()
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			f.aborted = true
+			if ctx.Err() != nil { // the client that asked left mid-answer
+				f.canceled = true
+				rt.upstreamErrors[metrics.KindCanceled].Inc()
+			} else if coreErr := ex.responseFailed(); isDeadline(coreErr) {
+				rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
+				rt.upstreamErrors[metrics.KindTimeout].Inc()
+			} else {
+				rt.upstreamErrors[metrics.KindReset].Inc()
+			}
+		}
+	}()
+	rt.proxy.ServeHTTP(buf, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)))
+	if ctx.Err() != nil {
+		f.canceled = true
+		return f
+	}
+	f.status, f.header, f.body = buf.status, buf.header, buf.body.Bytes()
+	if f.status == 0 {
+		f.status = http.StatusOK
+	}
+	if buf.tooLarge {
+		f.aborted = true
+		rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays", "limit_bytes", maxSharedPoll)
+		return f
+	}
+	if f.status == http.StatusOK && r.Method == http.MethodGet {
+		rt.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
+	}
+	return f
+}
+
+// bufferWriter is the http.ResponseWriter a shared poll's answer is buffered in, up to
+// maxSharedPoll bytes.
+type bufferWriter struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	tooLarge bool
+}
+
+func (b *bufferWriter) Header() http.Header { return b.header }
+
+func (b *bufferWriter) WriteHeader(code int) {
+	if b.status == 0 && code >= 200 {
+		b.status = code
+	}
+}
+
+func (b *bufferWriter) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.status = http.StatusOK
+	}
+	if b.body.Len()+len(p) > maxSharedPoll {
+		b.tooLarge = true
+		return 0, fmt.Errorf("poll answer over %d bytes", maxSharedPoll)
+	}
+	return b.body.Write(p)
+}
+
+// Flush is a no-op: the answer is sent once buffered.
+func (b *bufferWriter) Flush() {}
+
+// writeAnswer writes status and body (its Content-Length set; no body for HEAD), with
+// the Content-Type ct when not nil.
+func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string, body []byte) {
+	h := w.Header()
+	if ct != nil {
+		h["Content-Type"] = ct
+	}
+	if len(body) > 0 || r.Method != http.MethodHead { // Core's answer to HEAD keeps its length
+		h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	}
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+// contentType is the Content-Type of a bridge answer: Core's own, or JSON.
+func contentType(ct string) []string {
+	if ct == "" {
+		return jsonContentType
+	}
+	return []string{ct}
+}

@@ -1,0 +1,153 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// validateBridge checks the bridge's settings; they are not checked when the bridge is
+// off.
+func (c *Config) validateBridge(environ map[string]string) error {
+	if !c.Bridge {
+		return nil
+	}
+	var errs envconf.Errors
+	bad := func(name, want string) { errs.Add(envconf.Invalid(environ, EnvPrefix, name, want)) }
+	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{"BRIDGE_LISTEN_ADDR": &c.BridgeListenAddr})
+	if !validListenAddr(c.BridgeListenAddr) {
+		bad("BRIDGE_LISTEN_ADDR", "want a host:port to listen on for Core's callbacks, port 0 to 65535, e.g. 127.0.0.1:9010")
+	}
+	if c.BridgeCallbackURL != "" {
+		u, err := url.Parse(c.BridgeCallbackURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" {
+			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host and no query, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
+		}
+	}
+	for _, t := range []struct {
+		name string
+		bad  bool
+	}{
+		{"BRIDGE_REFRESH", c.BridgeRefresh <= 0}, {"BRIDGE_PENDING_TTL", c.BridgePendingTTL <= 0},
+		{"STORE_MAX_BYTES", c.StoreMaxBytes < 1<<20}, {"STORE_TTL", c.StoreTTL <= 0},
+	} {
+		if t.bad {
+			bad(t.name, configWants[t.name])
+		}
+	}
+	return errs.Err()
+}
+
+// bridgeRunning is the bridge of a running mdproxy: its callback listener's server
+// and the result store, both to close when Run returns.
+type bridgeRunning struct {
+	b      *bridge.Bridge
+	store  *bridge.MemoryStore
+	srv    *http.Server
+	ln     net.Listener
+	cbBase string
+}
+
+// startBridge listens on MDPROXY_BRIDGE_LISTEN_ADDR and builds the bridge whose
+// callback URL points there; it does not serve yet (serve). nil, nil when the bridge
+// is off.
+func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*bridgeRunning, error) {
+	if !cfg.Bridge {
+		return nil, nil
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.BridgeListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on MDPROXY_BRIDGE_LISTEN_ADDR: %w", err)
+	}
+	base := cfg.BridgeCallbackURL
+	if base == "" {
+		scheme := "http"
+		if cfg.TLSCertFile != "" {
+			scheme = "https"
+		}
+		base = scheme + "://" + dialable(ln.Addr())
+	}
+	base = strings.TrimSuffix(base, "/")
+	store, err := bridge.NewMemoryStore(cfg.StoreMaxBytes, cfg.StoreTTL)
+	if err != nil {
+		ln.Close()
+		return nil, &ConfigError{fmt.Errorf("MDPROXY_STORE_MAX_BYTES: %w", err)}
+	}
+	b, err := bridge.New(bridge.Options{
+		CallbackURL: base,
+		Store:       store,
+		Refresh:     cfg.BridgeRefresh,
+		PendingTTL:  cfg.BridgePendingTTL,
+		Logger:      log.With("component", "bridge"),
+	})
+	if err != nil {
+		store.Close()
+		ln.Close()
+		return nil, &ConfigError{err}
+	}
+	metrics.RegisterBridge(reg, b, store)
+	srv := &http.Server{
+		Handler:           b.Handler(),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return &bridgeRunning{b: b, store: store, srv: srv, ln: ln, cbBase: base}, nil
+}
+
+// serve serves Core's callbacks until close, over TLS with the proxy's certificate
+// when MDPROXY_TLS_CERT_FILE is set; the server's end goes to errc.
+func (br *bridgeRunning) serve(cfg *Config, log *slog.Logger, errc chan<- error) {
+	if br == nil {
+		return
+	}
+	ln := cfg.listenTLS(br.ln, br.srv, log)
+	go func() {
+		if err := br.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("bridge's callback listener: %w", err)
+		}
+	}()
+}
+
+// close stops the callback listener and the store.
+func (br *bridgeRunning) close() {
+	if br == nil {
+		return
+	}
+	br.srv.Close()
+	br.store.Close()
+}
+
+// proxyBridge is the bridge to hand proxy.Options: nil when off (a nil *bridge.Bridge in
+// the interface would not be nil).
+func (br *bridgeRunning) proxyBridge() *bridge.Bridge {
+	if br == nil {
+		return nil
+	}
+	return br.b
+}
+
+// dialable returns a's host:port with an unspecified host (0.0.0.0, ::) replaced by
+// loopback, so that Core, in the same network namespace, can dial it.
+func dialable(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
