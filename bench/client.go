@@ -55,6 +55,7 @@ type Submission struct {
 	Sent      time.Time // real time the POST /file was sent
 	Received  time.Time // real time the complete result reached the client
 	Objects   int       // the file and its extracted parts, from the result
+	Verdict   int       // the result's scan_all_result_i; -1 when it has none
 	Uploaded  time.Time // Core's upload_timestamp
 	Completed time.Time // Core's upload_timestamp + queue_time + processing_time
 }
@@ -66,8 +67,11 @@ type Outcome struct {
 	FetchOK, FetchErrors  int64     // accepted fetches; fetches answered 503
 	FetchOther            int64     // fetches that failed otherwise
 	SubmitRetries         int64     // submissions refused (503) and sent again
-	Submissions           []*Submission
-	Speedup               float64
+	// CorePolls is how many polls (GET /file/{data_id}) reached Core, from the client
+	// or from mdproxy; -1 when not counted. Set by RunScenario.
+	CorePolls   int64
+	Submissions []*Submission
+	Speedup     float64
 }
 
 // analysis is the part of Core's analysis result the client reads.
@@ -78,6 +82,7 @@ type analysis struct {
 	} `json:"file_info"`
 	ScanResults struct {
 		ProgressPercentage *int `json:"progress_percentage"`
+		ScanAllResultI     *int `json:"scan_all_result_i"`
 	} `json:"scan_results"`
 	ProcessInfo struct {
 		ProgressPercentage *int  `json:"progress_percentage"`
@@ -103,6 +108,10 @@ func (a *analysis) complete() bool {
 func (a *analysis) record(s *Submission, at time.Time) {
 	s.Received = at
 	s.Objects = 1
+	s.Verdict = -1
+	if v := a.ScanResults.ScanAllResultI; v != nil {
+		s.Verdict = *v
+	}
 	if a.ExtractedFiles != nil {
 		s.Objects += a.ExtractedFiles.FilesExtractedCount
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -39,6 +40,21 @@ type Figures struct {
 	ResultLatencyP50S float64 `json:"result_latency_p50_s"`
 	ResultLatencyP95S float64 `json:"result_latency_p95_s"`
 	Submissions       int     `json:"submissions"`
+	// CoreFetchesPerFile is the number of polls (GET /file/{data_id}) that reached
+	// Core, answered or refused, from the client or from mdproxy, divided by the
+	// submissions: 0 for Webhook. Counted at the emulator; with a real Core, the
+	// client's own fetches when no mdproxy stands between, else nil (not counted).
+	CoreFetchesPerFile *float64 `json:"core_fetches_per_file"`
+	// VerdictsVsNoLimit compares Verdicts with the No-limit case's of the same run
+	// (CompareVerdicts): "identical (N files)" or which files differ. Empty when the
+	// run has no No-limit case.
+	VerdictsVsNoLimit string `json:"verdicts_vs_no_limit,omitempty"`
+	// Verdicts is each file's final verdict (scan_all_result_i of its complete result,
+	// -1 for a result without one), by file name, when every submission of the file
+	// got the same one; VerdictsMixed lists the files whose submissions got different
+	// verdicts, with those verdicts in increasing order.
+	Verdicts      map[string]int   `json:"verdicts"`
+	VerdictsMixed map[string][]int `json:"verdicts_mixed,omitempty"`
 }
 
 // Summarize turns a run's outcome into figures. Client-side times are scaled by the
@@ -68,6 +84,14 @@ func Summarize(name string, o *Outcome, fetching bool) Figures {
 	slices.Sort(lat)
 	f.ResultLatencyP50S = quantile(lat, 0.50)
 	f.ResultLatencyP95S = quantile(lat, 0.95)
+	if o.CorePolls >= 0 {
+		var per float64
+		if len(o.Submissions) > 0 {
+			per = float64(o.CorePolls) / float64(len(o.Submissions))
+		}
+		f.CoreFetchesPerFile = &per
+	}
+	f.Verdicts, f.VerdictsMixed = verdictsByFile(o.Submissions)
 	if fetching {
 		period := virt(o.LastFetch.Sub(o.FirstFetch))
 		all := float64(o.FetchOK + o.FetchErrors)
@@ -81,6 +105,103 @@ func Summarize(name string, o *Outcome, fetching bool) Figures {
 		f.FetchRequestsPerS, f.FetchErrorRatePct, f.OfferedFetchPerS = &ok, &errPct, &offered
 	}
 	return f
+}
+
+// verdictsByFile returns each file's verdict over subs, and apart the verdicts of the
+// files whose submissions got different ones (nil when none did).
+func verdictsByFile(subs []*Submission) (map[string]int, map[string][]int) {
+	seen := map[string][]int{}
+	for _, s := range subs {
+		if v := seen[s.File]; !slices.Contains(v, s.Verdict) {
+			seen[s.File] = append(v, s.Verdict)
+		}
+	}
+	one := make(map[string]int, len(seen))
+	var mixed map[string][]int
+	for f, v := range seen {
+		if len(v) == 1 {
+			one[f] = v[0]
+			continue
+		}
+		if mixed == nil {
+			mixed = map[string][]int{}
+		}
+		slices.Sort(v)
+		mixed[f] = v
+	}
+	return one, mixed
+}
+
+// verdictsOf returns the verdicts f holds for file (none, one, or the mixed ones).
+func (f Figures) verdictsOf(file string) []int {
+	if v, ok := f.Verdicts[file]; ok {
+		return []int{v}
+	}
+	return f.VerdictsMixed[file]
+}
+
+// CompareVerdicts compares f's verdicts with base's file by file, and returns one line
+// per file that differs, in file order: a file with another verdict, a file with
+// verdicts in one case only, or a file whose submissions got different verdicts in
+// either. None: every verdict is identical.
+func CompareVerdicts(base, f Figures) []string {
+	files := map[string]bool{}
+	for _, x := range []Figures{base, f} {
+		for k := range x.Verdicts {
+			files[k] = true
+		}
+		for k := range x.VerdictsMixed {
+			files[k] = true
+		}
+	}
+	var diffs []string
+	for _, file := range slices.Sorted(maps.Keys(files)) {
+		b, v := base.verdictsOf(file), f.verdictsOf(file)
+		if len(b) == 1 && slices.Equal(b, v) {
+			continue
+		}
+		diffs = append(diffs, fmt.Sprintf("%s: %s in %s, %s in %s", file, verdictText(v), f.Case, verdictText(b), base.Case))
+	}
+	return diffs
+}
+
+func verdictText(v []int) string {
+	if len(v) == 0 {
+		return "no result"
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, " and ")
+}
+
+// CompareAllVerdicts fills every case's VerdictsVsNoLimit with the comparison of its
+// verdicts with the No-limit case's (the No-limit case's own included), and returns
+// one line per case, for the run's summary. Nothing when figs has no No-limit case.
+func CompareAllVerdicts(figs []Figures) []string {
+	i := slices.IndexFunc(figs, func(f Figures) bool { return f.Case == "No-limit" })
+	if i < 0 {
+		return nil
+	}
+	base := figs[i]
+	var out []string
+	for j := range figs {
+		diffs := CompareVerdicts(base, figs[j])
+		switch {
+		case len(diffs) == 0:
+			figs[j].VerdictsVsNoLimit = fmt.Sprintf("identical (%d files)", len(base.Verdicts))
+		default:
+			const shown = 5
+			more := ""
+			if len(diffs) > shown {
+				more = fmt.Sprintf("; and %d more", len(diffs)-shown)
+			}
+			figs[j].VerdictsVsNoLimit = fmt.Sprintf("%d files differ: %s%s", len(diffs), strings.Join(diffs[:min(shown, len(diffs))], "; "), more)
+		}
+		out = append(out, fmt.Sprintf("%s: verdicts %s", figs[j].Case, figs[j].VerdictsVsNoLimit))
+	}
+	return out
 }
 
 func quantile(sorted []float64, q float64) float64 {
@@ -159,8 +280,8 @@ func publishedFor(pub map[string]Published, name string) (Published, bool) {
 // WriteTable prints figures as a markdown table, each seed column followed by the
 // published value and the ratio ours/published (for a Proxy-N case, against Rate-N).
 func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
-	fmt.Fprintln(w, "| case | duration_min | published | ratio | processed_files_per_hour | published | ratio | fetch_requests_per_s | published | ratio | fetch_error_rate_pct | published | diff (points) | offered_fetch_per_s | all_results_min | result_latency_p50_s | result_latency_p95_s |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| case | duration_min | published | ratio | processed_files_per_hour | published | ratio | fetch_requests_per_s | published | ratio | fetch_error_rate_pct | published | diff (points) | offered_fetch_per_s | all_results_min | result_latency_p50_s | result_latency_p95_s | core_fetches_per_file |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, f := range figs {
 		p, ok := publishedFor(pub, f.Case)
 		cell := func(v float64, format string) string { return fmt.Sprintf(format, v) }
@@ -189,11 +310,12 @@ func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
 		if f.FetchErrorRatePct != nil && pe != nil {
 			er = fmt.Sprintf("%+.1f", *f.FetchErrorRatePct-*pe)
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f |\n",
+		fmt.Fprintf(w, "| %s | %.1f | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s |\n",
 			f.Case, f.DurationMin, pd, ratio(f.DurationMin, p.DurationMin),
 			f.ProcessedFilesPerHour, pp, ratio(f.ProcessedFilesPerHour, p.ProcessedFilesPerHour),
 			opt(f.FetchRequestsPerS, "%.3f"), opt(pf, "%.3f"), fr,
 			opt(f.FetchErrorRatePct, "%.2f"), opt(pe, "%.2f"), er,
-			opt(f.OfferedFetchPerS, "%.1f"), f.AllResultsMin, f.ResultLatencyP50S, f.ResultLatencyP95S)
+			opt(f.OfferedFetchPerS, "%.1f"), f.AllResultsMin, f.ResultLatencyP50S, f.ResultLatencyP95S,
+			opt(f.CoreFetchesPerFile, "%.3f"))
 	}
 }
