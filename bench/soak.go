@@ -86,12 +86,17 @@ var DefaultSoakMix = SoakMix{
 // up to 500 ms, below the mix's 16.5 polls a second so that the waiting and the
 // limit answer are both taken; a per-client share that the churning apikeys of the
 // misbehaving polls create state in, but that no client reaches; no shutdown delay.
+// The bridge is off (MDPROXY_BRIDGE=false), as in the soak of bench/results: with it on,
+// polls of the soak's own submissions would be answered from its callbacks and never
+// meet the limit, and its callback listener would take the fixed port 127.0.0.1:9010.
+// A caller's MDPROXY_BRIDGE=true (with MDPROXY_BRIDGE_LISTEN_ADDR) soaks the bridge.
 var DefaultSoakProxyEnv = []string{
 	"MDPROXY_FILE_RESULT_RATE=10",
 	"MDPROXY_FILE_RESULT_BURST=10",
 	"MDPROXY_FILE_RESULT_MAX_WAIT=500ms",
 	"MDPROXY_FILE_RESULT_CLIENT_LIMIT=100",
 	"MDPROXY_SHUTDOWN_DELAY=0s",
+	"MDPROXY_BRIDGE=false",
 }
 
 // SoakConfig is a soak's setting. Files and Duration are required; zero durations
