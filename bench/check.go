@@ -3,11 +3,22 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
-// CheckQuick verifies what a quick run must show: No-limit slower than Rate-1, Rate-1
-// within 10% of Webhook (for the cases present), and every submission's result
-// received.
+// Bridge's bounds in a quick run: its duration within BridgeQuickDurationTolerance of
+// Webhook's, no fetch refused, at most BridgeMaxCoreFetchesPerFile polls reaching Core
+// per submission.
+const (
+	BridgeQuickDurationTolerance = 0.05
+	BridgeMaxCoreFetchesPerFile  = 0.1
+)
+
+// CheckQuick verifies what a quick run must show, for the cases present: No-limit
+// slower than Rate-1, Rate-1 within 10% of Webhook; Bridge within 5% of Webhook's
+// duration, with no fetch refused (503) and at most 0.1 poll per submission reaching
+// Core; every submission's result received; and every case's verdicts identical to
+// No-limit's, file by file.
 func CheckQuick(figs []Figures, submissions int) error {
 	by := map[string]Figures{}
 	var errs []error
@@ -20,11 +31,38 @@ func CheckQuick(figs []Figures, submissions int) error {
 	nl, okNL := by["No-limit"]
 	r1, okR1 := by["Rate-1"]
 	wh, okWH := by["Webhook"]
+	br, okBR := by["Bridge"]
 	if okNL && okR1 && !(nl.DurationMin > r1.DurationMin) {
 		errs = append(errs, fmt.Errorf("No-limit took %.2f min, not longer than Rate-1's %.2f", nl.DurationMin, r1.DurationMin))
 	}
 	if okR1 && okWH && (r1.DurationMin > 1.1*wh.DurationMin || r1.DurationMin < 0.9*wh.DurationMin) {
 		errs = append(errs, fmt.Errorf("Rate-1 took %.2f min, not within 10%% of Webhook's %.2f", r1.DurationMin, wh.DurationMin))
 	}
+	if okBR && okWH && (br.DurationMin > (1+BridgeQuickDurationTolerance)*wh.DurationMin || br.DurationMin < (1-BridgeQuickDurationTolerance)*wh.DurationMin) {
+		errs = append(errs, fmt.Errorf("Bridge took %.2f min, not within %.0f%% of Webhook's %.2f", br.DurationMin, 100*BridgeQuickDurationTolerance, wh.DurationMin))
+	}
+	if okBR {
+		if br.FetchErrorRatePct == nil || *br.FetchErrorRatePct != 0 {
+			errs = append(errs, fmt.Errorf("Bridge: fetch error rate %s%%, want 0 (no poll answered 503)", optText(br.FetchErrorRatePct, "%.3f")))
+		}
+		if br.CoreFetchesPerFile == nil || *br.CoreFetchesPerFile > BridgeMaxCoreFetchesPerFile {
+			errs = append(errs, fmt.Errorf("Bridge: %s polls a submission reached Core, want at most %g", optText(br.CoreFetchesPerFile, "%.3f"), BridgeMaxCoreFetchesPerFile))
+		}
+	}
+	if okNL {
+		for _, f := range figs {
+			if diffs := CompareVerdicts(nl, f); len(diffs) > 0 {
+				errs = append(errs, fmt.Errorf("%s: %d files' verdicts differ from No-limit's: %s", f.Case, len(diffs), strings.Join(diffs, "; ")))
+			}
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// optText formats v, or "none" when nil.
+func optText(v *float64, format string) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf(format, *v)
 }

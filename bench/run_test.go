@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"image/png"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +30,7 @@ func TestRunScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"No-limit", "Rate-1", "Proxy-2", "Webhook"} {
+	for _, name := range []string{"No-limit", "Rate-1", "Proxy-2", "Webhook", "Bridge"} {
 		t.Run(name, func(t *testing.T) {
 			sc, err := ParseScenario(name)
 			if err != nil {
@@ -47,14 +49,35 @@ func TestRunScenarios(t *testing.T) {
 			if f.ResultLatencyP50S <= 0 || f.ResultLatencyP95S < f.ResultLatencyP50S {
 				t.Errorf("%s: latency p50 %.1f s, p95 %.1f s, want 0 < p50 <= p95", name, f.ResultLatencyP50S, f.ResultLatencyP95S)
 			}
+			if f.CoreFetchesPerFile == nil {
+				t.Fatalf("%s: no core_fetches_per_file, want the emulator's count", name)
+			}
+			if len(f.Verdicts) != len(files) || len(f.VerdictsMixed) != 0 {
+				t.Errorf("%s: verdicts of %d files (%d mixed), want one for each of the %d files", name, len(f.Verdicts), len(f.VerdictsMixed), len(files))
+			}
+			for file, v := range f.Verdicts {
+				if v != 0 {
+					t.Errorf("%s: %s's verdict %d, want 0 (No Threat Detected: the data set is clean)", name, file, v)
+				}
+			}
 			switch name {
 			case "Webhook":
-				if f.FetchRequestsPerS != nil {
-					t.Errorf("Webhook: fetch rate %v, want none (no fetching)", *f.FetchRequestsPerS)
+				if f.FetchRequestsPerS != nil || *f.CoreFetchesPerFile != 0 {
+					t.Errorf("Webhook: fetch rate %v, %v Core polls a file, want none (no fetching)", f.FetchRequestsPerS, *f.CoreFetchesPerFile)
+				}
+			case "Bridge":
+				// The client polls every 5 s; mdproxy answers from the callbacks.
+				if f.FetchRequestsPerS == nil || *f.FetchRequestsPerS <= 0 || *f.FetchErrorRatePct != 0 || *f.CoreFetchesPerFile > BridgeMaxCoreFetchesPerFile {
+					t.Errorf("Bridge: fetch rate %v, error rate %v, %v Core polls a file, want accepted fetches, no error, at most %g Core polls a file",
+						f.FetchRequestsPerS, f.FetchErrorRatePct, *f.CoreFetchesPerFile, BridgeMaxCoreFetchesPerFile)
 				}
 			case "No-limit":
 				if f.FetchRequestsPerS == nil || *f.FetchRequestsPerS <= 0 || *f.FetchErrorRatePct != 0 {
 					t.Errorf("No-limit: fetch rate %v, error rate %v, want accepted fetches and no error", f.FetchRequestsPerS, f.FetchErrorRatePct)
+				}
+				// Every fetch of the client reached Core, at least one a file.
+				if *f.CoreFetchesPerFile < 1 {
+					t.Errorf("No-limit: %v Core polls a file, want at least 1", *f.CoreFetchesPerFile)
 				}
 			default:
 				if f.FetchErrorRatePct == nil || *f.FetchErrorRatePct <= 0 || *f.FetchRequestsPerS <= 0 {
@@ -195,6 +218,7 @@ func TestParseScenario(t *testing.T) {
 	}{
 		{"No-limit", Scenario{Name: "No-limit"}, false},
 		{"Webhook", Scenario{Name: "Webhook", Webhook: true}, false},
+		{"Bridge", Scenario{Name: "Bridge", Bridge: true}, false},
 		{"Rate-10", Scenario{Name: "Rate-10", CoreLimit: 10}, false},
 		{"Proxy-0.5", Scenario{Name: "Proxy-0.5", ProxyLimit: 0.5}, false},
 		{"Rate-0", Scenario{}, true},
@@ -246,11 +270,45 @@ func TestProxySettings(t *testing.T) {
 		"MDPROXY_FILE_RESULT_BURST":    "5",    // CORESIM_FETCH_BURST
 		"MDPROXY_FILE_RESULT_MAX_WAIT": "40ms", // 2 s / 50
 		"MDPROXY_SHUTDOWN_DELAY":       "0s",
+		"MDPROXY_BRIDGE":               "false", // the limit alone
 	} {
 		if got[name] != want {
 			t.Errorf("Proxy-10 at ×50: %s = %q, want %q", name, got[name], want)
 		}
 	}
+
+	// Bridge: the bridge on, mdproxy's default limit and refresh scaled by the
+	// speed-up, the callback listener on a free loopback port, the callback URL
+	// derived from it unless Env.BridgeCallbackURL.
+	for _, cbURL := range []string{"", "http://192.0.2.2:9"} {
+		env.BridgeCallbackURL = cbURL
+		st, err = env.start(context.Background(), Scenario{Name: "Bridge", Bridge: true})
+		if err != nil {
+			t.Fatalf("start(Bridge) = %v", err)
+		}
+		_ = st.stop()
+		want := map[string]string{
+			"MDPROXY_LISTEN_ADDR":        "127.0.0.1:0",
+			"MDPROXY_ADMIN_ADDR":         "127.0.0.1:0",
+			"MDPROXY_BRIDGE":             "true",
+			"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
+			"MDPROXY_BRIDGE_REFRESH":     "1.2s", // 60 s / 50
+			"MDPROXY_FILE_RESULT_RATE":   "500",  // 10 × 50
+			"MDPROXY_FILE_RESULT_BURST":  "20",
+			"MDPROXY_SHUTDOWN_DELAY":     "0s",
+		}
+		if cbURL != "" {
+			want["MDPROXY_BRIDGE_CALLBACK_URL"] = cbURL
+		}
+		if !strings.HasPrefix(got["MDPROXY_UPSTREAM_URL"], "http://127.0.0.1:") {
+			t.Errorf("Bridge: MDPROXY_UPSTREAM_URL = %q, want the emulator on loopback", got["MDPROXY_UPSTREAM_URL"])
+		}
+		delete(got, "MDPROXY_UPSTREAM_URL")
+		if !maps.Equal(got, want) {
+			t.Errorf("Bridge at ×50 (Env.BridgeCallbackURL %q): settings %v, want %v", cbURL, got, want)
+		}
+	}
+	env.BridgeCallbackURL = ""
 
 	env.StartProxy = nil
 	if _, err := env.start(context.Background(), Scenario{Name: "Proxy-10", ProxyLimit: 10}); err == nil || !strings.Contains(err.Error(), "StartProxy") {
@@ -264,12 +322,13 @@ func TestSummarize(t *testing.T) {
 	o := &Outcome{
 		Start: t0, End: t0.Add(30 * time.Second), Speedup: 10,
 		FirstFetch: t0.Add(time.Second), LastFetch: t0.Add(11 * time.Second),
-		FetchOK: 50, FetchErrors: 150,
+		FetchOK: 50, FetchErrors: 150, CorePolls: 6,
 	}
 	for i := range 4 {
 		o.Submissions = append(o.Submissions, &Submission{
 			Sent: t0, Received: t0.Add(time.Duration(i+1) * 10 * time.Second), Objects: 10,
 			Uploaded: t0.Add(time.Duration(i) * time.Minute), Completed: t0.Add(time.Duration(i+1) * 30 * time.Minute),
+			File: []string{"a.docx", "b.docx", "a.docx", "c.docx"}[i], Verdict: []int{0, 1, 0, 3}[i],
 		})
 	}
 	f := Summarize("Rate-1", o, true)
@@ -287,8 +346,48 @@ func TestSummarize(t *testing.T) {
 	check("AllResultsMin", f.AllResultsMin, 5)           // 30 s × 10
 	check("ResultLatencyP50S", f.ResultLatencyP50S, 200) // 20 s × 10
 	check("ResultLatencyP95S", f.ResultLatencyP95S, 400)
-	if w := Summarize("Webhook", o, false); w.FetchRequestsPerS != nil || w.FetchErrorRatePct != nil {
-		t.Errorf("Summarize(Webhook) has fetch figures, want none")
+	check("CoreFetchesPerFile", *f.CoreFetchesPerFile, 1.5) // 6 polls, 4 submissions
+	if want := map[string]int{"a.docx": 0, "b.docx": 1, "c.docx": 3}; !maps.Equal(f.Verdicts, want) || f.VerdictsMixed != nil {
+		t.Errorf("Verdicts = %v, mixed %v, want %v, none mixed", f.Verdicts, f.VerdictsMixed, want)
+	}
+	o.Submissions[2].Verdict = 1 // a.docx's second submission: another verdict
+	if f := Summarize("Rate-1", o, true); len(f.Verdicts) != 2 || !slices.Equal(f.VerdictsMixed["a.docx"], []int{0, 1}) {
+		t.Errorf("Verdicts = %v, mixed %v, want a.docx mixed (0 and 1)", f.Verdicts, f.VerdictsMixed)
+	}
+	o.CorePolls = -1
+	if f := Summarize("Proxy-1", o, true); f.CoreFetchesPerFile != nil {
+		t.Errorf("Summarize with CorePolls -1: core_fetches_per_file %v, want nil (not counted)", *f.CoreFetchesPerFile)
+	}
+	o.CorePolls = 0
+	if w := Summarize("Webhook", o, false); w.FetchRequestsPerS != nil || w.FetchErrorRatePct != nil || w.CoreFetchesPerFile == nil || *w.CoreFetchesPerFile != 0 {
+		t.Errorf("Summarize(Webhook) has fetch figures or no core_fetches_per_file 0, want none and 0")
+	}
+}
+
+// TestCompareVerdicts checks the comparison of two cases' verdicts file by file, and
+// the summary lines of a run.
+func TestCompareVerdicts(t *testing.T) {
+	nl := Figures{Case: "No-limit", Verdicts: map[string]int{"a": 0, "b": 1, "c": 0}}
+	same := Figures{Case: "Bridge", Verdicts: map[string]int{"a": 0, "b": 1, "c": 0}}
+	if d := CompareVerdicts(nl, same); len(d) != 0 {
+		t.Errorf("CompareVerdicts(identical) = %v, want none", d)
+	}
+	other := Figures{Case: "Proxy-1", Verdicts: map[string]int{"a": 0, "b": 0, "d": 1}, VerdictsMixed: map[string][]int{"c": {0, 255}}}
+	want := []string{
+		"b: 0 in Proxy-1, 1 in No-limit",
+		"c: 0 and 255 in Proxy-1, 0 in No-limit",
+		"d: 1 in Proxy-1, no result in No-limit",
+	}
+	if d := CompareVerdicts(nl, other); !slices.Equal(d, want) {
+		t.Errorf("CompareVerdicts = %q, want %q", d, want)
+	}
+	figs := []Figures{nl, same, other}
+	lines := CompareAllVerdicts(figs)
+	if len(lines) != 3 || figs[1].VerdictsVsNoLimit != "identical (3 files)" || !strings.HasPrefix(figs[2].VerdictsVsNoLimit, "3 files differ: b: 0 in Proxy-1") {
+		t.Errorf("CompareAllVerdicts = %q; Bridge %q, Proxy-1 %q", lines, figs[1].VerdictsVsNoLimit, figs[2].VerdictsVsNoLimit)
+	}
+	if lines := CompareAllVerdicts([]Figures{same}); lines != nil {
+		t.Errorf("CompareAllVerdicts without No-limit = %q, want nothing", lines)
 	}
 }
 
@@ -297,7 +396,8 @@ func TestReport(t *testing.T) {
 	figs := []Figures{
 		{Case: "No-limit", DurationMin: 45, ProcessedFilesPerHour: 170000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10},
 		{Case: "Proxy-10", DurationMin: 28.6, ProcessedFilesPerHour: 270000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10},
-		{Case: "Webhook", DurationMin: 26.9, ProcessedFilesPerHour: 292389, Submissions: 10},
+		{Case: "Webhook", DurationMin: 26.9, ProcessedFilesPerHour: 292389, Submissions: 10, CoreFetchesPerFile: &zero},
+		{Case: "Bridge", DurationMin: 27.0, ProcessedFilesPerHour: 290000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10, CoreFetchesPerFile: &zero},
 	}
 	pub := SeedTable()
 	if p, err := LoadPublished(filepath.Join("testdata", "published.csv")); err == nil {
@@ -308,7 +408,7 @@ func TestReport(t *testing.T) {
 	var b bytes.Buffer
 	WriteTable(&b, figs, pub)
 	out := b.String()
-	for _, want := range []string{"| case | duration_min |", "| No-limit | 45.0 | 45.2 | 1.00 |", "| Proxy-10 | 28.6 | 28.6 | 1.00 |", "| Webhook | 26.9 | 26.9 | 1.00 |"} {
+	for _, want := range []string{"| case | duration_min |", "| core_fetches_per_file |\n", "| No-limit | 45.0 | 45.2 | 1.00 |", "| Proxy-10 | 28.6 | 28.6 | 1.00 |", "| Webhook | 26.9 | 26.9 | 1.00 |", "| 0.000 |\n", "| Bridge | 27.0 |  |  |"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("WriteTable output lacks %q:\n%s", want, out)
 		}
@@ -337,19 +437,33 @@ func TestReport(t *testing.T) {
 }
 
 func TestCheckQuick(t *testing.T) {
+	verdicts := map[string]int{"a": 0, "b": 0}
 	fig := func(name string, d float64, n int) Figures {
-		return Figures{Case: name, DurationMin: d, Submissions: n}
+		return Figures{Case: name, DurationMin: d, Submissions: n, Verdicts: verdicts}
 	}
-	if err := CheckQuick([]Figures{fig("No-limit", 4, 200), fig("Rate-1", 3, 200), fig("Webhook", 2.9, 200)}, 200); err != nil {
+	bridge := func(d, errPct, perFile float64, v map[string]int) Figures {
+		f := fig("Bridge", d, 200)
+		f.FetchErrorRatePct, f.CoreFetchesPerFile, f.Verdicts = &errPct, &perFile, v
+		return f
+	}
+	good := bridge(3.0, 0, 0.1, verdicts) // 3.0 against Webhook's 2.9: within 5%
+	if err := CheckQuick([]Figures{fig("No-limit", 4, 200), fig("Rate-1", 3, 200), fig("Webhook", 2.9, 200), good}, 200); err != nil {
 		t.Errorf("CheckQuick(good run) = %v, want nil", err)
 	}
-	for _, bad := range [][]Figures{
-		{fig("No-limit", 3, 200), fig("Rate-1", 3, 200)},
-		{fig("Rate-1", 3.5, 200), fig("Webhook", 3, 200)},
-		{fig("Rate-1", 3, 199), fig("Webhook", 3, 200)},
+	for _, tc := range []struct {
+		figs []Figures
+		want string
+	}{
+		{[]Figures{fig("No-limit", 3, 200), fig("Rate-1", 3, 200)}, "not longer than Rate-1"},
+		{[]Figures{fig("Rate-1", 3.5, 200), fig("Webhook", 3, 200)}, "not within 10%"},
+		{[]Figures{fig("Rate-1", 3, 199), fig("Webhook", 3, 200)}, "199 of 200"},
+		{[]Figures{fig("Webhook", 2.8, 200), good}, "Bridge took 3.00 min, not within 5%"},
+		{[]Figures{fig("Webhook", 2.9, 200), bridge(2.9, 0.5, 0, verdicts)}, "fetch error rate 0.500%"},
+		{[]Figures{fig("Webhook", 2.9, 200), bridge(2.9, 0, 0.11, verdicts)}, "0.110 polls a submission reached Core"},
+		{[]Figures{fig("No-limit", 4, 200), bridge(2.9, 0, 0, map[string]int{"a": 0, "b": 1})}, "Bridge: 1 files' verdicts differ from No-limit's: b: 1 in Bridge, 0 in No-limit"},
 	} {
-		if err := CheckQuick(bad, 200); err == nil {
-			t.Errorf("CheckQuick(%+v) = nil, want an error", bad)
+		if err := CheckQuick(tc.figs, 200); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckQuick(%+v) = %v, want an error saying %q", tc.figs, err, tc.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,12 +22,18 @@ import (
 type Scenario struct {
 	// Name is the case: No-limit, Rate-N (Core's own limit of N fetches a second),
 	// Proxy-N (mdproxy limiting file_result to N a second in front of an unlimited
-	// Core) or Webhook (callbacks, no fetching).
+	// Core, its bridge off), Bridge (the seed's polling client through mdproxy with its
+	// bridge on and its default limits, in front of an unlimited Core) or Webhook
+	// (callbacks, no fetching).
 	Name       string
 	CoreLimit  float64 // requests per virtual second; 0 = off
-	ProxyLimit float64 // requests per virtual second; 0 = no mdproxy
+	ProxyLimit float64 // requests per virtual second; 0 = no limit of the case's own
+	Bridge     bool    // mdproxy with its bridge on
 	Webhook    bool
 }
+
+// proxied reports whether the case runs mdproxy.
+func (s Scenario) proxied() bool { return s.ProxyLimit > 0 || s.Bridge }
 
 // ParseScenario reads a case name.
 func ParseScenario(name string) (Scenario, error) {
@@ -34,6 +42,8 @@ func ParseScenario(name string) (Scenario, error) {
 	case name == "No-limit":
 	case name == "Webhook":
 		s.Webhook = true
+	case name == "Bridge":
+		s.Bridge = true
 	case strings.HasPrefix(name, "Rate-"), strings.HasPrefix(name, "Proxy-"):
 		kind, n, _ := strings.Cut(name, "-")
 		v, err := strconv.ParseFloat(n, 64)
@@ -46,14 +56,26 @@ func ParseScenario(name string) (Scenario, error) {
 			s.ProxyLimit = v
 		}
 	default:
-		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N or Webhook", name)
+		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N, Webhook or Bridge", name)
 	}
 	return s, nil
 }
 
-// AllScenarios are the published benchmark's six cases and the four Proxy-N cases.
+// AllScenarios are the published benchmark's six cases, the four Proxy-N cases and
+// Bridge.
 var AllScenarios = []string{"No-limit", "Rate-50", "Rate-20", "Rate-10", "Rate-1",
-	"Proxy-50", "Proxy-20", "Proxy-10", "Proxy-1", "Webhook"}
+	"Proxy-50", "Proxy-20", "Proxy-10", "Proxy-1", "Webhook", "Bridge"}
+
+// Bridge's settings: mdproxy's default limit of GET /file/{data_id} (sidecar's
+// DefaultLimits, MDPROXY_FILE_RESULT_RATE and _BURST unset) and its default
+// MDPROXY_BRIDGE_REFRESH, both in real time, which the Bridge case scales by the
+// speed-up as the Proxy-N cases scale their rates. TestBridgeDefaults checks them
+// against sidecar's.
+const (
+	bridgeFileResultRate  = 10 // a second
+	bridgeFileResultBurst = 20
+	bridgeRefresh         = 60 * time.Second
+)
 
 // Env is where a scenario runs: either an emulator (and mdproxy) that the runner starts
 // on free loopback ports for each scenario, or an existing Core.
@@ -66,15 +88,23 @@ type Env struct {
 	// ClientSpeedup is the speed-up of an existing Core at CoreURL: 1 for a real Core,
 	// the emulator's CORESIM_SPEEDUP for one started apart. 0 means 1.
 	ClientSpeedup float64
-	// CallbackAddr is where the Webhook receiver listens (host:port); it must be
+	// CallbackAddr is where the Webhook receiver, and in the Bridge case mdproxy's
+	// callback listener (MDPROXY_BRIDGE_LISTEN_ADDR), listen (host:port); it must be
 	// reachable by Core. Empty: a free loopback port.
 	CallbackAddr string
-	// StartProxy starts mdproxy for a Proxy-N case: environ holds the case's MDPROXY_*
-	// settings (loopback addresses on free ports, Core's URL, file_result's limit, no
-	// shutdown delay), ctx ends with the case. It returns the proxy's URL and stop,
+	// BridgeCallbackURL, when set, is the Bridge case's MDPROXY_BRIDGE_CALLBACK_URL, the
+	// URL Core is given for its callbacks. Empty: mdproxy derives it from its callback
+	// listener's address. A test sets an address nothing listens on to play callbacks
+	// that never arrive.
+	BridgeCallbackURL string
+	// StartProxy starts mdproxy for a Proxy-N or the Bridge case: environ holds the
+	// case's MDPROXY_* settings (loopback addresses on free ports, Core's URL,
+	// file_result's limit, the bridge on or off, no shutdown delay), ctx ends with the
+	// case. It returns the proxy's URL and stop,
 	// which shuts mdproxy down and returns its error (nil after a clean shutdown).
 	// bench never assembles mdproxy itself, so that the cases measure the wiring that
-	// ships: cmd/mdbench runs package sidecar in-process. Required by Proxy-N cases only.
+	// ships: cmd/mdbench runs package sidecar in-process. Required by the Proxy-N and
+	// Bridge cases only.
 	StartProxy func(ctx context.Context, environ map[string]string) (url string, stop func() error, err error)
 }
 
@@ -84,6 +114,21 @@ type started struct {
 	receiver string // the callback URL (Webhook)
 	recv     *Receiver
 	stop     func() error // stops every server, the last started first
+	// corePolls counts the polls (GET /file/{data_id}) that reached the emulator;
+	// nil with a Core at CoreURL, where they are not counted.
+	corePolls *atomic.Int64
+}
+
+// countPolls wraps the emulator's handler h: every GET /file/{data_id} that reaches it
+// adds one to n, answered or refused, whoever sent it (the client or mdproxy).
+func countPolls(h http.Handler, n *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := strings.CutPrefix(r.URL.Path, "/file/"); ok && r.Method == http.MethodGet &&
+			id != "" && id != "rules" && !strings.Contains(id, "/") {
+			n.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Speedup is the virtual time per real second of the scenario's clock.
@@ -152,7 +197,8 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 			sim.Run(ctx, true)
 		}()
 		stops = append(stops, noErr(func() { cancel(); wg.Wait() }))
-		u, stop, err := serve(sim.Handler())
+		st.corePolls = new(atomic.Int64)
+		u, stop, err := serve(countPolls(sim.Handler(), st.corePolls))
 		if err != nil {
 			return fail(err)
 		}
@@ -160,24 +206,46 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 		core = u
 	}
 	st.target = core
-	if sc.ProxyLimit > 0 {
+	if sc.proxied() {
 		if e.StartProxy == nil {
 			return fail(fmt.Errorf("%s: no way to start mdproxy (Env.StartProxy is nil)", sc.Name))
 		}
-		// The shape the emulator gives Core's own limit (coresim's FETCH_BURST and
-		// FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held up to 2
-		// seconds (virtual) for its turn, so that Proxy-N and Rate-N differ only in
-		// who enforces the limit. Other routes keep mdproxy's defaults: the workload
-		// polls only GET /file/{data_id}.
-		u, stop, err := e.StartProxy(ctx, map[string]string{
-			"MDPROXY_LISTEN_ADDR":          "127.0.0.1:0",
-			"MDPROXY_ADMIN_ADDR":           "127.0.0.1:0",
-			"MDPROXY_UPSTREAM_URL":         core,
-			"MDPROXY_FILE_RESULT_RATE":     strconv.FormatFloat(sc.ProxyLimit*k, 'g', -1, 64),
-			"MDPROXY_FILE_RESULT_BURST":    strconv.Itoa(e.Sim.FetchBurst),
-			"MDPROXY_FILE_RESULT_MAX_WAIT": time.Duration(float64(e.Sim.FetchWait) / k).String(),
-			"MDPROXY_SHUTDOWN_DELAY":       "0s", // no load balancer to warn
-		})
+		if sc.Bridge && e.CoreURL != "" && e.CallbackAddr == "" {
+			return fail(errors.New("the Bridge case against a real Core needs a callback listener address Core can reach (--callback-addr)"))
+		}
+		environ := map[string]string{
+			"MDPROXY_LISTEN_ADDR":    "127.0.0.1:0",
+			"MDPROXY_ADMIN_ADDR":     "127.0.0.1:0",
+			"MDPROXY_UPSTREAM_URL":   core,
+			"MDPROXY_SHUTDOWN_DELAY": "0s", // no load balancer to warn
+		}
+		if sc.Bridge {
+			// mdproxy's defaults, in real time, scaled by the speed-up: file_result
+			// 10 a second, burst 20, no wait; Core asked about a pending id whose
+			// callback looks 60 s overdue. The callback listener on a free loopback
+			// port, Core's callback URL derived from its address.
+			listen := cmp.Or(e.CallbackAddr, "127.0.0.1:0")
+			environ["MDPROXY_BRIDGE"] = "true"
+			environ["MDPROXY_BRIDGE_LISTEN_ADDR"] = listen
+			environ["MDPROXY_BRIDGE_REFRESH"] = time.Duration(float64(bridgeRefresh) / k).String()
+			environ["MDPROXY_FILE_RESULT_RATE"] = strconv.FormatFloat(bridgeFileResultRate*k, 'g', -1, 64)
+			environ["MDPROXY_FILE_RESULT_BURST"] = strconv.Itoa(bridgeFileResultBurst)
+			if e.BridgeCallbackURL != "" {
+				environ["MDPROXY_BRIDGE_CALLBACK_URL"] = e.BridgeCallbackURL
+			}
+		} else {
+			// The shape the emulator gives Core's own limit (coresim's FETCH_BURST
+			// and FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held
+			// up to 2 seconds (virtual) for its turn, so that Proxy-N and Rate-N differ
+			// only in who enforces the limit. The bridge off, so that the case
+			// measures the limit alone. Other routes keep mdproxy's defaults: the
+			// workload polls only GET /file/{data_id}.
+			environ["MDPROXY_BRIDGE"] = "false"
+			environ["MDPROXY_FILE_RESULT_RATE"] = strconv.FormatFloat(sc.ProxyLimit*k, 'g', -1, 64)
+			environ["MDPROXY_FILE_RESULT_BURST"] = strconv.Itoa(e.Sim.FetchBurst)
+			environ["MDPROXY_FILE_RESULT_MAX_WAIT"] = time.Duration(float64(e.Sim.FetchWait) / k).String()
+		}
+		u, stop, err := e.StartProxy(ctx, environ)
 		if err != nil {
 			return fail(fmt.Errorf("mdproxy: %w", err))
 		}
@@ -224,6 +292,13 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 	out, err := w.Run(ctx, st.target, files)
 	if err != nil {
 		return Figures{}, fmt.Errorf("%s: %w", sc.Name, err)
+	}
+	if st.corePolls != nil {
+		out.CorePolls = st.corePolls.Load()
+	} else if !sc.proxied() {
+		out.CorePolls = out.FetchOK + out.FetchErrors + out.FetchOther // every fetch went to Core
+	} else {
+		out.CorePolls = -1 // behind mdproxy, in front of a real Core: not counted
 	}
 	return Summarize(sc.Name, out, !sc.Webhook), nil
 }

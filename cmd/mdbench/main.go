@@ -81,11 +81,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache, _ := os.UserCacheDir()
-	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Webhook")
+	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Webhook, Bridge")
 	fs.BoolVar(&o.quick, "quick", false, "small data set (200 submissions of 40 files) at a high speed-up: about a minute")
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
-	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver, reachable by a real Core (default: a free loopback port)")
+	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver and for mdproxy's callback listener in the Bridge case, reachable by a real Core (default: a free loopback port)")
 	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick; 1 in a soak); with --core-url, that of an emulator started apart (default 1: a real Core)")
 	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
 	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
@@ -93,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.seedCSV, "seed-csv", "", "a CSV of the published table, in the columns of bench/testdata/published.csv (default: the built-in table, bench/PUBLISHED.md)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the figures (a soak's samples and verdict) as JSON to this file")
 	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case (a soak's series over time) to this .png or .svg file")
-	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook and no submission was lost")
+	fs.BoolVar(&o.check, "check", false, "fail unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook, Bridge is within 5% of Webhook with no fetch error and at most 0.1 Core poll a submission, every case's verdicts are No-limit's and no submission was lost")
 	fs.IntVar(&o.concurrency, "fetch-concurrency", bench.SeedWorkload.FetchConcurrency, "fetches in flight at most (the client's connection pool)")
 	fs.DurationVar(&o.soak, "soak", 0, "run a soak of this duration instead of the cases (e.g. 30m): mdproxy's binary in front of an emulator under a steady mix of uploads and polls, its memory and goroutines read from its /metrics; exits 1 unless they stay flat")
 	fs.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "time between two samples of mdproxy's /metrics in a soak")
@@ -206,6 +206,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	}
 	fmt.Fprintf(stderr, "mdbench: %d cases in %v (speed-up %g)\n", len(figs), time.Since(start).Round(time.Second), env.Speedup())
 	bench.WriteTable(stdout, figs, pub)
+	for _, line := range bench.CompareAllVerdicts(figs) {
+		fmt.Fprintln(stderr, "mdbench:", line)
+	}
 
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(figs, "", "  ")
@@ -227,10 +230,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	return nil
 }
 
-// startProxy returns how the Proxy-N cases start mdproxy: its shipped wiring
+// startProxy returns how the Proxy-N and Bridge cases start mdproxy: its shipped wiring
 // (sidecar.Run) in this process with the case's MDPROXY_* settings, logging warnings
 // and errors to stderr. The MDPROXY_* variables of mdbench's environment are not
-// passed on: every Proxy-N case runs the same settings.
+// passed on: every run of a case has the same settings.
 func startProxy(stderr io.Writer) func(context.Context, map[string]string) (string, func() error, error) {
 	return func(ctx context.Context, environ map[string]string) (string, func() error, error) {
 		environ = maps.Clone(environ)
