@@ -52,6 +52,15 @@ const CallbackPath = "/callback/"
 // rendered as 64 lower-case hex digits.
 const secretBytes = 32
 
+// issuedTTL is how long a secret Callback gave out waits for Submitted before it is
+// forgotten, and maxIssued the most such secrets remembered. They serve only a callback
+// that arrives before Core's answer to its submission was recorded (a small file scanned
+// fast): Submitted works without them, so forgetting one costs nothing else.
+const (
+	issuedTTL = 10 * time.Minute
+	maxIssued = 1 << 16
+)
+
 // jsonType is the Content-Type of the answers the bridge makes itself.
 const jsonType = "application/json"
 
@@ -63,7 +72,8 @@ const (
 	// OutcomeForged: a POST whose path is no live secret path (404): a wrong or unknown
 	// secret, a replay after the result was stored, a late callback for an id whose
 	// result a poll already brought home or that was dropped, or a path outside
-	// /callback/.
+	// /callback/. Also an early callback (see Handler) whose submission was never
+	// recorded.
 	OutcomeForged = "forged"
 	// OutcomeInvalid: a request the listener refused for what it is rather than where it
 	// went: another method than POST (405), or, on a live secret path, a body over
@@ -122,6 +132,12 @@ type Bridge struct {
 	newestCalledBack time.Time
 	// lastSweep is when pending entries older than pendingTTL were last dropped.
 	lastSweep time.Time
+	// issued holds the secrets Callback gave out and Submitted did not take yet, by
+	// their SHA-256, for issuedTTL; earlyBytes is the size of the early callback bodies
+	// they hold, at most maxBody.
+	issued          map[[32]byte]*issuedEntry
+	earlyBytes      int64
+	lastIssuedSweep time.Time
 
 	stored, forged, invalid atomic.Uint64
 }
@@ -137,6 +153,18 @@ type pendingEntry struct {
 	lastType string
 	// asked is when Poll last answered Overdue; zero: never.
 	asked time.Time
+}
+
+// issuedEntry is a secret given out by Callback whose submission is not recorded yet.
+type issuedEntry struct {
+	secret [32]byte // SHA-256 of the secret
+	at     time.Time
+	// early is a final result posted on the secret before Submitted; earlyID its
+	// data_id; nil while none.
+	early     []byte
+	earlyID   string
+	earlyType string
+	earlyAt   time.Time
 }
 
 // New returns a Bridge with o's settings. It returns an error if o.CallbackURL is not an
@@ -172,6 +200,7 @@ func New(o Options) (*Bridge, error) {
 		log:        o.Logger,
 		pending:    map[string]*pendingEntry{},
 		bySecret:   map[[32]byte]*pendingEntry{},
+		issued:     map[[32]byte]*issuedEntry{},
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -201,26 +230,74 @@ func (b *Bridge) Callback() (callbackURL, secret string, err error) {
 		return "", "", fmt.Errorf("bridge: drawing a callback secret: %w", err)
 	}
 	secret = hex.EncodeToString(buf[:])
+	h := sha256.Sum256([]byte(secret))
+	now := b.now()
+	b.mu.Lock()
+	b.sweepIssuedLocked(now)
+	if len(b.issued) < maxIssued {
+		b.issued[h] = &issuedEntry{secret: h, at: now}
+	}
+	b.mu.Unlock()
 	return b.base + CallbackPath + secret, secret, nil
+}
+
+// sweepIssuedLocked forgets the secrets given out more than issuedTTL ago and not
+// submitted, at most once a minute; an early callback one of them held is counted
+// forged, as no submission of ours asked for it. b.mu must be held.
+func (b *Bridge) sweepIssuedLocked(now time.Time) {
+	if !b.lastIssuedSweep.IsZero() && now.Sub(b.lastIssuedSweep) < time.Minute {
+		return
+	}
+	b.lastIssuedSweep = now
+	for h, ie := range b.issued {
+		if now.Sub(ie.at) > issuedTTL {
+			b.forgetIssuedLocked(h, ie)
+			if ie.early != nil {
+				b.forged.Add(1)
+			}
+		}
+	}
+}
+
+// forgetIssuedLocked removes ie, issued under h. b.mu must be held.
+func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
+	delete(b.issued, h)
+	b.earlyBytes -= int64(len(ie.early))
 }
 
 // Submitted records dataID as pending: submitted by owner with secret (as Callback
 // returned it), now. A dataID already pending is replaced, its old secret no longer
-// accepted.
+// accepted. If Core's callback for secret came first (see Handler) and names dataID, its
+// result is stored for owner at once instead.
 func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 	now := b.now()
+	h := sha256.Sum256([]byte(secret))
+	b.mu.Lock()
+	if old := b.pending[dataID]; old != nil {
+		b.dropLocked(old)
+	}
+	if ie := b.issued[h]; ie != nil {
+		b.forgetIssuedLocked(h, ie)
+		if ie.early != nil {
+			if ie.earlyID == dataID {
+				b.calledBackLocked(ie.earlyAt, now)
+				b.mu.Unlock()
+				b.store.Put(dataID, Result{Body: ie.early, ContentType: ie.earlyType, Owner: owner})
+				b.stored.Add(1)
+				return
+			}
+			b.invalid.Add(1) // then wait for the result as if no callback came
+			b.log.Warn("bridge: an early callback named another data_id than Core's answer to its submission")
+		}
+	}
+	defer b.mu.Unlock()
 	e := &pendingEntry{
 		dataID:    dataID,
-		secret:    sha256.Sum256([]byte(secret)),
+		secret:    h,
 		owner:     owner,
 		submitted: now,
 		last:      InProgress(dataID),
 		lastType:  jsonType,
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if old := b.pending[dataID]; old != nil {
-		b.dropLocked(old)
 	}
 	if old := b.bySecret[e.secret]; old != nil {
 		b.dropLocked(old) // a secret given twice: only the last submission keeps it
@@ -377,12 +454,14 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 }
 
 // PendingLen returns the number of pending ids, after dropping those older than
-// PendingTTL if a sweep is due.
+// PendingTTL if a sweep is due (and forgetting the secrets given out and not submitted
+// for issuedTTL).
 func (b *Bridge) PendingLen() int {
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.sweepLocked(now)
+	b.sweepIssuedLocked(now)
 	return len(b.pending)
 }
 
@@ -409,6 +488,13 @@ func (b *Bridge) Callbacks() map[string]float64 {
 // digest, which tells nothing of a secret, and the digest found is compared in constant
 // time. A body is read only on a live secret path. Refusals answer Core's error format,
 // {"err": "..."}. Each request is counted under one of Outcomes.
+//
+// A callback may arrive before Core's answer to its submission was recorded (a small
+// file, scanned before the proxy read that answer): on a secret Callback gave out within
+// issuedTTL and not yet submitted, a final result with a data_id is held (200, once per
+// secret, early bodies at most MaxCallbackBytes in all) and Submitted stores it if its
+// data_id is the one Core answered (counted stored), else drops it (counted invalid). A
+// held result is served to no one before that.
 func (b *Bridge) Handler() http.Handler {
 	return http.HandlerFunc(b.serveCallback)
 }
@@ -426,15 +512,9 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	h := sha256.Sum256([]byte(secret))
 	b.mu.Lock()
-	e := b.bySecret[h]
-	var dataID string
-	if e != nil && subtle.ConstantTimeCompare(e.secret[:], h[:]) == 1 {
-		dataID = e.dataID
-	} else {
-		e = nil
-	}
+	live := b.liveLocked(h)
 	b.mu.Unlock()
-	if e == nil {
+	if !live {
 		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
 		return
 	}
@@ -460,40 +540,82 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		b.refuse(w, &b.invalid, http.StatusBadRequest, "Invalid JSON", "reason", "json")
 		return
-	case res.DataID == nil || subtle.ConstantTimeCompare([]byte(*res.DataID), []byte(dataID)) != 1:
+	case res.DataID == nil || *res.DataID == "":
 		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
 		return
 	case !res.final():
 		b.refuse(w, &b.invalid, http.StatusBadRequest, "Result not final", "reason", "progress")
 		return
 	}
-
-	// Claim the secret: of concurrent deliveries, only one stores.
-	now := b.now()
-	b.mu.Lock()
-	if b.bySecret[h] != e {
-		b.mu.Unlock()
-		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
-		return
-	}
-	delete(b.bySecret, h)
-	if now.After(b.lastCallback) {
-		b.lastCallback = now
-	}
-	if e.submitted.After(b.newestCalledBack) {
-		b.newestCalledBack = e.submitted
-	}
-	b.mu.Unlock()
-
 	ct := r.Header.Get("Content-Type")
 	if !strings.HasPrefix(ct, jsonType) {
 		ct = jsonType
 	}
-	b.store.Put(dataID, Result{Body: body, ContentType: ct, Owner: e.owner})
+
+	// Claim the secret: of concurrent deliveries, only one stores.
+	now := b.now()
+	b.mu.Lock()
+	e := b.bySecret[h]
+	if e == nil || subtle.ConstantTimeCompare(e.secret[:], h[:]) != 1 {
+		// Not submitted yet: hold an early callback for Submitted.
+		ie := b.issued[h]
+		if ie == nil || ie.early != nil || subtle.ConstantTimeCompare(ie.secret[:], h[:]) != 1 ||
+			b.earlyBytes+int64(len(body)) > b.maxBody {
+			b.mu.Unlock()
+			b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
+			return
+		}
+		ie.early, ie.earlyID, ie.earlyType, ie.earlyAt = body, *res.DataID, ct, now
+		b.earlyBytes += int64(len(body))
+		b.mu.Unlock()
+		b.log.Debug("bridge callback held until its submission is recorded")
+		answerStored(w)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(*res.DataID), []byte(e.dataID)) != 1 {
+		b.mu.Unlock()
+		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
+		return
+	}
+	delete(b.bySecret, h)
+	b.calledBackLocked(now, e.submitted)
+	b.mu.Unlock()
+
+	b.store.Put(e.dataID, Result{Body: body, ContentType: ct, Owner: e.owner})
 	b.mu.Lock()
 	b.dropLocked(e)
 	b.mu.Unlock()
 	b.stored.Add(1)
+	answerStored(w)
+}
+
+// liveLocked reports whether h is the SHA-256 of a live secret: of a pending id, or
+// given out by Callback and not submitted yet, without an early callback. The map
+// look-up's timing depends on h, a digest, and the digest found is compared in constant
+// time. b.mu must be held.
+func (b *Bridge) liveLocked(h [32]byte) bool {
+	if e := b.bySecret[h]; e != nil {
+		return subtle.ConstantTimeCompare(e.secret[:], h[:]) == 1
+	}
+	if ie := b.issued[h]; ie != nil && ie.early == nil {
+		return subtle.ConstantTimeCompare(ie.secret[:], h[:]) == 1
+	}
+	return false
+}
+
+// calledBackLocked records that a callback arrived at for an id submitted at submitted,
+// for the overdue rules. b.mu must be held.
+func (b *Bridge) calledBackLocked(at, submitted time.Time) {
+	if at.After(b.lastCallback) {
+		b.lastCallback = at
+	}
+	if submitted.After(b.newestCalledBack) {
+		b.newestCalledBack = submitted
+	}
+}
+
+// answerStored answers an accepted callback: 200 {}.
+func answerStored(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", jsonType)
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, "{}")

@@ -630,3 +630,126 @@ func BenchmarkPollStored(b *testing.B) {
 func newDebugLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// TestCallbackEarly covers a callback that arrives before Core's answer to its
+// submission was recorded.
+func TestCallbackEarly(t *testing.T) {
+	setup := func(t *testing.T, o Options) (testBridge, *httptest.Server) {
+		tb := newTestBridge(t, o)
+		srv := httptest.NewServer(tb.Handler())
+		t.Cleanup(srv.Close)
+		return tb, srv
+	}
+	issue := func(t *testing.T, tb testBridge) string {
+		t.Helper()
+		_, secret, err := tb.Callback()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return secret
+	}
+	wantCounts := func(t *testing.T, b *Bridge, stored, forged, invalid float64) {
+		t.Helper()
+		c := counts(t, b)
+		if c[OutcomeStored] != stored || c[OutcomeForged] != forged || c[OutcomeInvalid] != invalid {
+			t.Errorf("Callbacks() = %v, want stored %v, forged %v, invalid %v", c, stored, forged, invalid)
+		}
+	}
+
+	t.Run("held, then stored for the submitter", func(t *testing.T) {
+		tb, srv := setup(t, Options{})
+		secret := issue(t, tb)
+		final := finalResult("e1")
+		if got := post(t, srv, secret, final); got != http.StatusOK {
+			t.Fatalf("early callback = %d, want 200", got)
+		}
+		wantPoll(t, tb.Bridge, "e1", alice, Miss, nil) // served to no one before Submitted
+		wantCounts(t, tb.Bridge, 0, 0, 0)
+		if got := post(t, srv, secret, infectedResult("e1")); got != http.StatusNotFound {
+			t.Errorf("second early callback = %d, want 404", got)
+		}
+		wantCounts(t, tb.Bridge, 0, 1, 0)
+		tb.Submitted("e1", secret, alice)
+		wantPoll(t, tb.Bridge, "e1", alice, Stored, final)
+		wantPoll(t, tb.Bridge, "e1", bob, Miss, nil)
+		wantCounts(t, tb.Bridge, 1, 1, 0)
+		if n := tb.PendingLen(); n != 0 {
+			t.Errorf("PendingLen() = %d, want 0", n)
+		}
+		if got := post(t, srv, secret, final); got != http.StatusNotFound {
+			t.Errorf("replay after storing = %d, want 404", got)
+		}
+	})
+	t.Run("another data_id than Core's answer", func(t *testing.T) {
+		tb, srv := setup(t, Options{})
+		secret := issue(t, tb)
+		if got := post(t, srv, secret, infectedResult("not-e2")); got != http.StatusOK {
+			t.Fatalf("early callback = %d, want 200", got)
+		}
+		tb.Submitted("e2", secret, alice)
+		wantPoll(t, tb.Bridge, "e2", alice, Pending, InProgress("e2"))
+		wantPoll(t, tb.Bridge, "not-e2", alice, Miss, nil)
+		wantCounts(t, tb.Bridge, 0, 0, 1)
+		if r, ok := tb.store.Get("not-e2"); ok {
+			t.Errorf("store holds %s for the early callback's data_id", r.Body)
+		}
+	})
+	t.Run("refused early bodies leave the secret usable", func(t *testing.T) {
+		tb, srv := setup(t, Options{})
+		secret := issue(t, tb)
+		for _, body := range [][]byte{result("e3", 50, 255), []byte(`{`), []byte(`{"scan_results":{"progress_percentage":100}}`)} {
+			if got := post(t, srv, secret, body); got != http.StatusBadRequest {
+				t.Errorf("early callback %s = %d, want 400", body, got)
+			}
+		}
+		wantCounts(t, tb.Bridge, 0, 0, 3)
+		if got := post(t, srv, secret, finalResult("e3")); got != http.StatusOK {
+			t.Errorf("early callback = %d, want 200", got)
+		}
+		tb.Submitted("e3", secret, alice)
+		wantPoll(t, tb.Bridge, "e3", alice, Stored, finalResult("e3"))
+	})
+	t.Run("held too long", func(t *testing.T) {
+		tb, srv := setup(t, Options{})
+		secret := issue(t, tb)
+		quiet := issue(t, tb)
+		if got := post(t, srv, secret, finalResult("e4")); got != http.StatusOK {
+			t.Fatalf("early callback = %d, want 200", got)
+		}
+		tb.clock.Add(issuedTTL + time.Minute)
+		tb.PendingLen() // sweeps
+		wantCounts(t, tb.Bridge, 0, 1, 0)
+		if got := post(t, srv, quiet, finalResult("e5")); got != http.StatusNotFound {
+			t.Errorf("callback on a secret given out %v ago and never submitted = %d, want 404", issuedTTL+time.Minute, got)
+		}
+		// Submitted still works for a secret forgotten meanwhile (a long upload).
+		tb.Submitted("e4", secret, alice)
+		wantPoll(t, tb.Bridge, "e4", alice, Pending, InProgress("e4"))
+		if got := post(t, srv, secret, finalResult("e4")); got != http.StatusOK {
+			t.Errorf("callback after Submitted = %d, want 200", got)
+		}
+		wantPoll(t, tb.Bridge, "e4", alice, Stored, finalResult("e4"))
+		if n := len(tb.issued); n != 0 || tb.earlyBytes != 0 {
+			t.Errorf("%d secrets and %d early bytes remembered, want none", n, tb.earlyBytes)
+		}
+	})
+	t.Run("early bodies are capped", func(t *testing.T) {
+		const maxBody = 4 << 10
+		tb, srv := setup(t, Options{MaxCallbackBytes: maxBody})
+		big := func(id string) []byte {
+			b := finalResult(id)
+			return append(b[:len(b)-1], []byte(`,"pad":"`+strings.Repeat("x", 3<<10)+`"}`)...)
+		}
+		s1, s2 := issue(t, tb), issue(t, tb)
+		if got := post(t, srv, s1, big("e6")); got != http.StatusOK {
+			t.Fatalf("first early callback = %d, want 200", got)
+		}
+		if got := post(t, srv, s2, big("e7")); got != http.StatusNotFound {
+			t.Errorf("early callback over the cap of held bodies = %d, want 404 (Core retries)", got)
+		}
+		tb.Submitted("e6", s1, alice)
+		if got := post(t, srv, s2, big("e7")); got != http.StatusOK {
+			t.Errorf("early callback once room was made = %d, want 200", got)
+		}
+	})
+}
