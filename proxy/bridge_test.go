@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mdproxy/mdproxy/bridge"
+)
+
+// newTestBridge returns a bridge on a fresh store, for the proxy's options.
+func newTestBridge(t *testing.T) *bridge.Bridge {
+	t.Helper()
+	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBridgePollsShareOneCoreRequest: concurrent polls of an id the bridge does not know
+// reach Core once, and every one of them gets Core's answer; the client that asked
+// leaving does not take the answer away from the others.
+func TestBridgePollsShareOneCoreRequest(t *testing.T) {
+	var requests atomic.Int64
+	release := make(chan struct{})
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, `{"data_id":"abc","process_info":{"progress_percentage":40}}`)
+	})
+	front, _ := newTestProxy(t, upstream, func(o *Options) { o.Bridge = newTestBridge(t) })
+	c := newClient(t)
+
+	// The first poll asks Core, then leaves before Core answers.
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front+"/file/abc", nil)
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		first <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for requests.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+
+	const n = 8
+	var wg sync.WaitGroup
+	bodies := make([]string, n)
+	codes := make([]int, n)
+	for i := range n {
+		wg.Go(func() {
+			resp, err := c.Get(front + "/file/abc")
+			if err != nil {
+				t.Errorf("poll %d: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			bodies[i], codes[i] = string(b), resp.StatusCode
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // the eight wait on the first's request
+	cancel()
+	<-first
+	// The first left: one of the eight asks again, and the others share that request.
+	for requests.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if got := requests.Load(); got != 2 {
+		t.Errorf("requests reaching Core for 9 concurrent polls of one id, the first leaving = %d, want 2", got)
+	}
+	for i := range n {
+		if codes[i] != http.StatusOK || bodies[i] != `{"data_id":"abc","process_info":{"progress_percentage":40}}` {
+			t.Errorf("poll %d = %d %q, want Core's answer", i, codes[i], bodies[i])
+		}
+	}
+}
