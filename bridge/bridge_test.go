@@ -753,3 +753,25 @@ func TestCallbackEarly(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkPollPending measures Poll answering a pending id: a store miss, then the
+// bridge's lock.
+func BenchmarkPollPending(b *testing.B) {
+	tb := newTestBridge(b, Options{})
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%032x", i)
+		tb.submit(b, ids[i], alice)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if a := tb.Poll(ids[i%len(ids)], alice); a.Source != Pending {
+				b.Fatalf("Poll = %v, want pending", a.Source)
+			}
+			i++
+		}
+	})
+}
