@@ -81,9 +81,6 @@ const (
 	OutcomeInvalid = "invalid"
 )
 
-// Outcomes lists every callback outcome, in a fixed order.
-var Outcomes = []string{OutcomeStored, OutcomeForged, OutcomeInvalid}
-
 // Options configure a Bridge. The zero value of each field but CallbackURL and Store
 // takes its default.
 type Options struct {
@@ -466,7 +463,7 @@ func (b *Bridge) PendingLen() int {
 }
 
 // Callbacks returns the number of callbacks received since New, by outcome: a key for
-// each of Outcomes (OutcomeStored, OutcomeForged, OutcomeInvalid), always all of them.
+// each outcome (OutcomeStored, OutcomeForged, OutcomeInvalid), always all of them.
 // The counts only grow.
 func (b *Bridge) Callbacks() map[string]float64 {
 	return map[string]float64{
@@ -487,7 +484,7 @@ func (b *Bridge) Callbacks() map[string]float64 {
 // The secret is looked up by its SHA-256, so the timing of the map look-up depends on a
 // digest, which tells nothing of a secret, and the digest found is compared in constant
 // time. A body is read only on a live secret path. Refusals answer Core's error format,
-// {"err": "..."}. Each request is counted under one of Outcomes.
+// {"err": "..."}. Each request is counted under one of the Outcome constants.
 //
 // A callback may arrive before Core's answer to its submission was recorded (a small
 // file, scanned before the proxy read that answer): on a secret Callback gave out within

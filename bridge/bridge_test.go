@@ -377,14 +377,17 @@ func send(t *testing.T, srv *httptest.Server, method, path string, body io.Reade
 	return resp.StatusCode
 }
 
+// outcomes lists every callback outcome, the fixed set Callbacks reports.
+var outcomes = []string{OutcomeStored, OutcomeForged, OutcomeInvalid}
+
 // counts returns b's callback counts, checking that the set of outcomes is the fixed one.
 func counts(t *testing.T, b *Bridge) map[string]float64 {
 	t.Helper()
 	c := b.Callbacks()
-	if len(c) != len(Outcomes) {
-		t.Fatalf("Callbacks() = %v, want exactly %v", c, Outcomes)
+	if len(c) != len(outcomes) {
+		t.Fatalf("Callbacks() = %v, want exactly %v", c, outcomes)
 	}
-	for _, o := range Outcomes {
+	for _, o := range outcomes {
 		if _, ok := c[o]; !ok {
 			t.Fatalf("Callbacks() = %v, want a count for %q", c, o)
 		}
@@ -446,7 +449,7 @@ func TestCallbackForged(t *testing.T) {
 				t.Errorf("%s %s = %d, want %d", tc.method, tc.path, got, tc.status)
 			}
 			after := counts(t, tb.Bridge)
-			for _, o := range Outcomes {
+			for _, o := range outcomes {
 				want := before[o]
 				if o == tc.outcome {
 					want++

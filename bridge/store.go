@@ -10,9 +10,10 @@ import (
 	"github.com/maypok86/otter/v2"
 )
 
-// Owner identifies who submitted a file: the SHA-256 of its apikey header, the zero of
-// OwnerOf("") for a request without one. Keeping the digest rather than the key means
-// that neither the bridge's memory nor a store holds a client's apikey.
+// Owner identifies who submitted a file: the SHA-256 of its apikey header, OwnerOf("")
+// (the digest of the empty string, not the zero Owner) for a request without one.
+// Keeping the digest rather than the key means that neither the bridge's memory nor a
+// store holds a client's apikey.
 type Owner [32]byte
 
 // OwnerOf returns the Owner of a request whose apikey header is apikey ("" for none).
