@@ -450,6 +450,19 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 }
 
+// Gone records that Core answered a poll of dataID by owner with 404: Core no longer has
+// the scan (it restarted, or its retention passed), so no callback will come. A pending
+// id of that owner is forgotten, and its next polls go to Core, which answers them as it
+// did; waiting for a callback until PendingTTL would answer "in progress" for a day.
+// Safe for concurrent use.
+func (b *Bridge) Gone(dataID string, owner Owner) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.pending[dataID]; e != nil && e.owner == owner {
+		b.dropLocked(e)
+	}
+}
+
 // PendingLen returns the number of pending ids, after dropping those older than
 // PendingTTL if a sweep is due (and forgetting the secrets given out and not submitted
 // for issuedTTL).

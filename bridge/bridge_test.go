@@ -778,3 +778,22 @@ func BenchmarkPollPending(b *testing.B) {
 		}
 	})
 }
+
+// TestGone: a pending id that Core answered 404 for (it lost the scan) is forgotten:
+// its next poll goes to Core instead of waiting a day for a callback.
+func TestGone(t *testing.T) {
+	b := newTestBridge(t, Options{})
+	owner, other := OwnerOf("k"), OwnerOf("other")
+	b.submit(t, "id1", owner)
+	b.Gone("id1", other) // another owner's 404 changes nothing
+	if got := b.Poll("id1", owner).Source; got != Pending {
+		t.Fatalf("Poll after another owner's 404 = %v, want pending", got)
+	}
+	b.Gone("id1", owner)
+	if got := b.Poll("id1", owner).Source; got != Miss {
+		t.Errorf("Poll after Core's 404 = %v, want miss (asked of Core)", got)
+	}
+	if n := b.PendingLen(); n != 0 {
+		t.Errorf("PendingLen() after Core's 404 = %d, want 0", n)
+	}
+}

@@ -23,6 +23,7 @@ type Bridge interface {
 	Submitted(dataID, secret string, owner bridge.Owner)
 	Poll(dataID string, owner bridge.Owner) bridge.Answer
 	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
+	Gone(dataID string, owner bridge.Owner)
 }
 
 var _ Bridge = (*bridge.Bridge)(nil)
@@ -198,8 +199,11 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays", "limit_bytes", maxSharedPoll)
 		return f
 	}
-	if f.status == http.StatusOK && r.Method == http.MethodGet {
+	switch {
+	case f.status == http.StatusOK && r.Method == http.MethodGet:
 		rt.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
+	case f.status == http.StatusNotFound:
+		rt.bridge.Gone(id, owner) // no callback will come for a scan Core lost
 	}
 	return f
 }
