@@ -103,7 +103,13 @@ func weightOf(dataID string, r Result) uint32 {
 
 // Get returns the result kept for dataID, if any and not expired.
 func (s *MemoryStore) Get(dataID string) (Result, bool) {
-	return s.c.GetIfPresent(dataID)
+	// A quiet read: no access recorded for the eviction policy. A recorded read now and
+	// then starts otter's buffer maintenance on the reading goroutine's account, which
+	// made a poll answered from the store costlier than a limit answer; and a result's
+	// polls say little about its worth (its owner reads it a few times, then never), so
+	// eviction by the order results came in loses nothing.
+	e, ok := s.c.GetEntryQuietly(dataID)
+	return e.Value, ok
 }
 
 // Put keeps r for dataID for the store's time to live, unless it weighs more than a

@@ -56,7 +56,7 @@ func (rt *route) bridgeSubmission(r *http.Request) *submission {
 		return nil
 	}
 	r.Header.Set("callbackurl", cb)
-	return &submission{secret: secret, owner: bridge.OwnerOf(r.Header.Get("apikey"))}
+	return &submission{secret: secret, owner: rt.ownerOf(r)}
 }
 
 // recordSubmission is the submit route's ModifyResponse: when Core accepted a bridged
@@ -95,13 +95,19 @@ type readCloser struct {
 // when Core may not be asked now, its pending answer stands.
 func (rt *route) servePoll(rec *recorder, r *http.Request) {
 	id := path.Base(r.URL.Path) // as the client spelt it; the routing path is lower-cased
-	owner := bridge.OwnerOf(r.Header.Get("apikey"))
+	owner := rt.ownerOf(r)
 	a := rt.bridge.Poll(id, owner)
 	switch a.Source {
 	case bridge.Stored, bridge.Pending:
 		rt.polls[a.Source].Inc()
 		rec.decision = a.Source.String()
-		writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
+		h := rec.Header()
+		h["Content-Type"] = rt.contentType(a.ContentType)
+		h["Content-Length"] = rt.contentLength(len(a.Body))
+		rec.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			_, _ = rec.Write(a.Body)
+		}
 		return
 	}
 	key := r.Method + " " + id + " " + string(owner[:])
@@ -125,7 +131,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		if a.Source == bridge.Overdue {
 			// Core may not be asked now: the pending answer, never a 503.
 			rt.polls[bridge.Pending].Inc()
-			writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
+			writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
 			return
 		}
 		rt.writeLimit(rec, f.decision)
@@ -138,6 +144,25 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		}
 		writeAnswer(rec, r, f.status, nil, f.body)
 	}
+}
+
+// ownerOf returns the bridge's owner of r: the SHA-256 of its apikey. The last apikey
+// seen and its owner are kept, since a client polls with one key in a loop and the
+// hash would otherwise be computed anew for each poll.
+func (rt *route) ownerOf(r *http.Request) bridge.Owner {
+	key := apikeyOf(r)
+	if m := rt.lastOwner.Load(); m != nil && m.apikey == key {
+		return m.owner
+	}
+	m := &ownerMemo{apikey: key, owner: bridge.OwnerOf(key)}
+	rt.lastOwner.Store(m)
+	return m.owner
+}
+
+// ownerMemo is an apikey and its owner.
+type ownerMemo struct {
+	apikey string
+	owner  bridge.Owner
 }
 
 // fetched is Core's answer to a poll, buffered to be shared by every poll waiting on it.
@@ -255,10 +280,35 @@ func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string
 	}
 }
 
-// contentType is the Content-Type of a bridge answer: Core's own, or JSON.
-func contentType(ct string) []string {
+// contentLength is the Content-Length header value for n bytes. The value last used
+// is kept: a client polling a finished scan gets the same answer, of the same length,
+// each time.
+func (rt *route) contentLength(n int) []string {
+	if m := rt.lastCL.Load(); m != nil && m.n == n {
+		return m.v
+	}
+	m := &lengthMemo{n: n, v: []string{strconv.Itoa(n)}}
+	rt.lastCL.Store(m)
+	return m.v
+}
+
+// lengthMemo is a body length and its Content-Length header value.
+type lengthMemo struct {
+	n int
+	v []string
+}
+
+// contentType is the Content-Type header value of a bridge answer: Core's own, or JSON.
+// The value last used is kept (net/http never modifies a header value): Core answers
+// results in one type, and answering from the store then allocates no header value.
+func (rt *route) contentType(ct string) []string {
 	if ct == "" {
 		return jsonContentType
 	}
-	return []string{ct}
+	if v := rt.lastCT.Load(); v != nil && (*v)[0] == ct {
+		return *v
+	}
+	v := []string{ct}
+	rt.lastCT.Store(&v)
+	return v
 }

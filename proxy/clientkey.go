@@ -10,7 +10,7 @@ import (
 // when r has one (Core's session and API keys), else "addr:" and clientAddr. The key is
 // handed to the limiter only; it is never logged nor a metric label.
 func clientKey(r *http.Request, trusted []netip.Prefix) string {
-	if k := r.Header.Get("apikey"); k != "" {
+	if k := apikeyOf(r); k != "" {
 		return "apikey:" + k
 	}
 	return "addr:" + clientAddr(r, trusted).String()
@@ -88,4 +88,14 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// apikeyOf returns r's apikey header, Core's API key or session id, "" when absent. It
+// reads the header by its canonical name: Header.Get would canonicalize "apikey" anew,
+// and allocate, on every request.
+func apikeyOf(r *http.Request) string {
+	if v := r.Header["Apikey"]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }

@@ -98,6 +98,9 @@ type route struct {
 	bridge          Bridge
 	flight          singleflight.Group // one Core request for concurrent polls of an id
 	polls           [bridge.Overdue + 1]prometheus.Counter
+	lastOwner       atomic.Pointer[ownerMemo]  // see ownerOf
+	lastCT          atomic.Pointer[[]string]   // see contentType
+	lastCL          atomic.Pointer[lengthMemo] // see contentLength
 	proxy           *httputil.ReverseProxy
 	requests        *prometheus.CounterVec
 	decisions       [limiter.Canceled + 1]prometheus.Counter
