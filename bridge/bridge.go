@@ -450,6 +450,12 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 }
 
+// CallbackPrefix returns what every callback URL of this bridge starts with, its secret
+// following: CallbackURL + CallbackPath. The proxy redacts the secrets that follow it in
+// Core's answers (GET /file/webhook/{data_id} shows the callback URL): whoever reads a
+// secret could post a result in Core's place.
+func (b *Bridge) CallbackPrefix() string { return b.base + CallbackPath }
+
 // Gone records that Core answered a poll of dataID by owner with 404: Core no longer has
 // the scan (it restarted, or its retention passed), so no callback will come. A pending
 // id of that owner is forgotten, and its next polls go to Core, which answers them as it

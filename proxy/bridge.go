@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"path"
+	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
@@ -24,6 +26,7 @@ type Bridge interface {
 	Poll(dataID string, owner bridge.Owner) bridge.Answer
 	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
 	Gone(dataID string, owner bridge.Owner)
+	CallbackPrefix() string
 }
 
 var _ Bridge = (*bridge.Bridge)(nil)
@@ -32,9 +35,11 @@ var _ Bridge = (*bridge.Bridge)(nil)
 // learn the data_id: Core answers a small JSON object.
 const maxSubmitAnswer = 1 << 20
 
-// maxSharedPoll bounds Core's answer to a poll that the proxy buffers to share it
-// between concurrent polls of one data_id and to store it. A larger answer (an archive
-// with very many extracted files) is relayed to its own client only.
+// maxSharedPoll bounds Core's answer to a poll that the proxy buffers, to share it
+// between concurrent polls of one data_id and to store it, with the bridge on. A larger
+// answer is not relayed: the waiting clients' connections are cut and a warning logged.
+// It is the bridge's cap on a callback too (bridge.DefaultMaxCallbackBytes): a result of
+// that size is beyond anything Core answers for a file.
 const maxSharedPoll = 64 << 20
 
 // submission is a POST /file the bridge registered a callback for.
@@ -81,6 +86,36 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 	}
 	rt.bridge.Submitted(answer.DataID, ex.sub.secret, ex.sub.owner)
 	return nil
+}
+
+// redactSecrets is the webhook_status route's ModifyResponse with the bridge on: Core's
+// answer to GET /file/webhook/{data_id} shows the callback URL of a submission, and for a
+// bridged one that URL holds the secret that makes a callback believed. The secret is
+// replaced by "redacted" (as written, or with JSON's escaped slashes); the rest of the
+// answer reaches the client unchanged, its Content-Length adjusted.
+func (rt *route) redactSecrets(resp *http.Response) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
+	if err != nil {
+		return fmt.Errorf("reading Core's webhook status: %w", err)
+	}
+	if len(body) > maxSubmitAnswer {
+		// Not a webhook status of Core's size: nothing of it is relayed rather than a
+		// secret.
+		return fmt.Errorf("Core's webhook status is over %d bytes", maxSubmitAnswer)
+	}
+	resp.Body.Close()
+	body = rt.secrets.ReplaceAll(body, []byte("${1}redacted"))
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
+	return nil
+}
+
+// secretsPattern matches the bridge's callback URLs up to their secret, as written and
+// with JSON's escaped slashes; the secret is what follows the first group.
+func secretsPattern(prefix string) *regexp.Regexp {
+	escaped := strings.ReplaceAll(prefix, "/", `\/`)
+	return regexp.MustCompile("(" + regexp.QuoteMeta(prefix) + "|" + regexp.QuoteMeta(escaped) + `)[0-9A-Za-z_-]+`)
 }
 
 type readCloser struct {
@@ -199,6 +234,10 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 				panic(v)
 			}
 			f.aborted = true
+			if buf.tooLarge {
+				rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it are cut", "limit_bytes", maxSharedPoll)
+				return
+			}
 			if ctx.Err() != nil { // the client that asked left mid-answer
 				f.canceled = true
 				rt.upstreamErrors[metrics.KindCanceled].Inc()
@@ -215,14 +254,14 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		f.canceled = true
 		return f
 	}
+	if buf.tooLarge { // when ReverseProxy returned rather than panicked on it
+		f.aborted = true
+		rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it are cut", "limit_bytes", maxSharedPoll)
+		return f
+	}
 	f.status, f.header, f.body = buf.status, buf.header, buf.body.Bytes()
 	if f.status == 0 {
 		f.status = http.StatusOK
-	}
-	if buf.tooLarge {
-		f.aborted = true
-		rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays", "limit_bytes", maxSharedPoll)
-		return f
 	}
 	switch {
 	case f.status == http.StatusOK && r.Method == http.MethodGet:

@@ -96,3 +96,19 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsPattern: the bridge's callback secrets are found as written and with
+// JSON's escaped slashes, and nothing else is touched.
+func TestSecretsPattern(t *testing.T) {
+	re := secretsPattern("http://127.0.0.1:9010/callback/")
+	for _, tt := range []struct{ in, want string }{
+		{`{"url":"http://127.0.0.1:9010/callback/0123abcd"}`, `{"url":"http://127.0.0.1:9010/callback/redacted"}`},
+		{`{"url":"http:\/\/127.0.0.1:9010\/callback\/0123abcd"}`, `{"url":"http:\/\/127.0.0.1:9010\/callback\/redacted"}`},
+		{`{"url":"http://client.example/callback/0123abcd"}`, `{"url":"http://client.example/callback/0123abcd"}`},
+		{`{"url":"http://127.0.0.1:90100/callback/0123abcd"}`, `{"url":"http://127.0.0.1:90100/callback/0123abcd"}`},
+	} {
+		if got := string(re.ReplaceAll([]byte(tt.in), []byte("${1}redacted"))); got != tt.want {
+			t.Errorf("redacting %s = %s, want %s", tt.in, got, tt.want)
+		}
+	}
+}

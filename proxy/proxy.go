@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,7 @@ type route struct {
 	lastOwner       atomic.Pointer[ownerMemo]  // see ownerOf
 	lastCT          atomic.Pointer[[]string]   // see contentType
 	lastCL          atomic.Pointer[lengthMemo] // see contentLength
+	secrets         *regexp.Regexp             // webhook_status: the bridge's callback URLs
 	proxy           *httputil.ReverseProxy
 	requests        *prometheus.CounterVec
 	decisions       [limiter.Canceled + 1]prometheus.Counter
@@ -166,6 +168,10 @@ func New(opts Options) (*Proxy, error) {
 		h := newRoute(rt.name, opts)
 		h.submit = rt.name == "submit"
 		h.polled = rt.name == "file_result"
+		if opts.Bridge != nil && rt.name == "webhook_status" {
+			h.secrets = secretsPattern(opts.Bridge.CallbackPrefix())
+			h.proxy.ModifyResponse = h.redactSecrets
+		}
 		if opts.Bridge != nil && (h.submit || h.polled) {
 			h.bridge = opts.Bridge
 			if h.submit {

@@ -284,3 +284,32 @@ func TestBridgeOff(t *testing.T) {
 		t.Errorf("polls reaching Core with the bridge off = %d, want 1", core.polls.Load())
 	}
 }
+
+// TestBridgeSecretNotShown: Core's webhook status shows a submission's callback URL;
+// for a bridged one, the proxy relays it with the secret redacted, so that no reader of
+// it can post a result in Core's place.
+func TestBridgeSecretNotShown(t *testing.T) {
+	core := startCore(t, fastCore())
+	p := startBinary(t, core.url, nil)
+	c := sidecartest.NewClient(t)
+	id := submit(t, c, p.proxyURL, "hello", nil)
+	pollUntilFinal(t, c, p.proxyURL, id, "")
+	resp, err := c.Get(p.proxyURL + "/file/webhook/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var status struct {
+		URL string `json:"url"`
+	}
+	if err := json.Unmarshal(b, &status); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /file/webhook/%s = %d %s, %v; want Core's 200 JSON", id, resp.StatusCode, b, err)
+	}
+	if !strings.HasSuffix(status.URL, "/callback/redacted") {
+		t.Errorf("webhook status url = %q, want the bridge's callback URL with its secret redacted", status.URL)
+	}
+	if resp.ContentLength != int64(len(b)) {
+		t.Errorf("webhook status Content-Length = %d, body %d bytes", resp.ContentLength, len(b))
+	}
+}
