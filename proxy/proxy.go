@@ -8,6 +8,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -506,9 +507,22 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		}
 		rt.logUpstream(kind, err)
 	default:
-		writeError(w, http.StatusBadGateway, "Core could not be reached: "+kind+".")
+		msg := "Core could not be reached: " + kind + "."
+		if isTLS(err) {
+			msg = "Core could not be reached: TLS handshake failed (see mdproxy's log)."
+		}
+		writeError(w, http.StatusBadGateway, msg)
 		rt.logUpstream(kind, err)
 	}
+}
+
+// isTLS reports whether err comes from the TLS handshake with Core: its certificate not
+// verified, or an alert from Core (e.g. a client certificate refused).
+func isTLS(err error) bool {
+	var cv *tls.CertificateVerificationError
+	var alert tls.AlertError
+	var rec tls.RecordHeaderError
+	return errors.As(err, &cv) || errors.As(err, &alert) || errors.As(err, &rec)
 }
 
 // logUpstream logs an upstream error at warn level, at most once a second per route,

@@ -102,7 +102,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		Handler:           b.Handler(),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          serverErrorLog(log),
 	}
 	return &bridgeRunning{b: b, store: store, srv: srv, ln: ln, cbBase: base}, nil
 }

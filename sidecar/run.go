@@ -122,7 +122,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	}
 
 	var stopping atomic.Bool
-	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	errLog := serverErrorLog(log)
 	srv := newServer(cfg, h, errLog)
 	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
@@ -141,7 +141,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	go func() { errc <- admin.Serve(al) }()
 	br.serve(cfg, log, errc)
 	version, revision, _ := metrics.BuildVersion()
-	log.Info("mdproxy serving", "listen", pl.Addr().String(), "admin", al.Addr().String(),
+	log.Info("mdproxy serving", "listen", pl.Addr().String(), "tls", cfg.TLSCertFile != "", "admin", al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
 		"version", version, "revision", revision)
 	settings := settingsOf(cfg, limits) // as /config answers them

@@ -151,6 +151,9 @@ func TestCanceledWaitersKeepCoreRate(t *testing.T) {
 	})
 	p := startBinary(t, up.URL, map[string]string{
 		"MDPROXY_FILE_RESULT_RATE": "2", "MDPROXY_FILE_RESULT_BURST": "1", "MDPROXY_FILE_RESULT_MAX_WAIT": "5s",
+		// The token bucket alone: the bridge would share one Core request between the
+		// concurrent polls of one id.
+		"MDPROXY_BRIDGE": "false",
 	})
 	const clients, period = 10, 8 * time.Second
 	deadline := time.Now().Add(period)
@@ -170,8 +173,9 @@ func TestCanceledWaitersKeepCoreRate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// burst + rate × period = 17; before the fix, Core received about 4.
-	if got, want := polls.Load(), int64(2*period.Seconds()*0.75); got < want || got > 18 {
+	// burst + rate × period = 17; before the fix, Core received 2 to 4. The lower bound
+	// leaves room for a loaded machine (11 was seen once in six full runs at 12).
+	if got, want := polls.Load(), int64(2*period.Seconds()*0.6); got < want || got > 18 {
 		t.Errorf("polls reaching Core in %v at 2/s with %d clients giving up after 1 s = %d, want %d to 18", period, clients, got, want)
 	}
 }
@@ -190,6 +194,7 @@ func TestCanceledWaiterTurnGivenOn(t *testing.T) {
 	})
 	p := startBinary(t, up.URL, map[string]string{
 		"MDPROXY_FILE_RESULT_RATE": "1", "MDPROXY_FILE_RESULT_BURST": "1", "MDPROXY_FILE_RESULT_MAX_WAIT": "10s",
+		"MDPROXY_BRIDGE": "false", // the token bucket alone
 	})
 	c := sidecartest.NewClient(t)
 	poll := func(id string, timeout time.Duration) {

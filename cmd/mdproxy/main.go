@@ -90,10 +90,12 @@ func commandLine(args []string, stdout, stderr io.Writer) (code int, exit bool) 
 // help is mdproxy's --help, up to the flags.
 func help() string {
 	return `mdproxy is a rate-limiting reverse proxy, run as a sidecar in front of OPSWAT
-MetaDefender Core. It forwards Core's REST API, holds the polling routes (result
-polls, batch status, hash look-ups) to per-route token buckets, and serves its own
-/metrics, /healthz and /readyz on an admin port. It shuts down gracefully on SIGTERM
-or SIGINT, and reads its limits file (MDPROXY_LIMITS_FILE) again on SIGHUP.
+MetaDefender Core. It forwards Core's REST API and holds the polling routes (result
+polls, batch status, hash look-ups) to per-route token buckets. Its bridge takes
+Core's callbacks for submissions and answers result polls from them. It serves its
+own /metrics, /healthz, /readyz and /config (and /debug/pprof/ with MDPROXY_PPROF=true)
+on an admin port, shuts down gracefully on SIGTERM or SIGINT, and reads its limits
+file (MDPROXY_LIMITS_FILE) again on SIGHUP.
 
 ` + usage + `
 Settings are environment variables, not flags; the README's "Configuration" section
