@@ -81,7 +81,10 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 			l = limits.Bucket(name).Limit()
 		}
 		window := l.ClientWindow
-		if l.ClientLimit > 0 && window == 0 {
+		switch {
+		case l.ClientLimit == 0:
+			window = 0 // a window without a share has no effect
+		case window == 0:
 			window = time.Second
 		}
 		s.Routes[name] = routeLimit{Rate: l.Rate, Burst: l.Burst, MaxWait: l.MaxWait.String(),
