@@ -61,6 +61,7 @@ type options struct {
 	coreURL      string
 	apiKey       string
 	callbackAddr string
+	bridgeCBURL  string
 	speedup      float64
 	submissions  int
 	files        int
@@ -86,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
 	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver and for mdproxy's callback listener in the Bridge case, reachable by a real Core (default: a free loopback port)")
+	fs.StringVar(&o.bridgeCBURL, "bridge-callback-url", "", "the Bridge case's MDPROXY_BRIDGE_CALLBACK_URL, the URL Core is given for its callbacks (default: derived from the callback listener's address); an address nothing listens on plays callbacks that never arrive")
 	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick; 1 in a soak); with --core-url, that of an emulator started apart (default 1: a real Core)")
 	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
 	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
@@ -171,7 +173,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	work.FetchConcurrency = o.concurrency
 	work.APIKey = o.apiKey
 	env := bench.Env{CoreURL: strings.TrimRight(o.coreURL, "/"), Sim: simCfg, CallbackAddr: o.callbackAddr,
-		ClientSpeedup: o.speedup, StartProxy: startProxy(stderr)}
+		BridgeCallbackURL: o.bridgeCBURL, ClientSpeedup: o.speedup, StartProxy: startProxy(stderr)}
 
 	fmt.Fprintf(stderr, "mdbench: data set of %d files under %s\n", spec.Files, o.dataDir)
 	files, err := bench.LoadOrGenerate(o.dataDir, spec)
