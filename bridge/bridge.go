@@ -124,6 +124,9 @@ type Bridge struct {
 	bySecret map[[32]byte]*pendingEntry // the same entries, by the SHA-256 of their secret
 	// lastCallback is when the last callback was stored; zero: none yet.
 	lastCallback time.Time
+	// missedCallback is when Core last answered a question about a pending id with its
+	// final result, its callback not come: the evidence that callbacks are lost.
+	missedCallback time.Time
 	// newestCalledBack is the latest submission time among the ids whose callback was
 	// stored; zero: none yet.
 	newestCalledBack time.Time
@@ -364,11 +367,15 @@ type Answer struct {
 }
 
 // Poll decides how a poll of dataID by owner is answered. A pending id of another owner,
-// or a stored result of another owner, is a Miss (Core decides access). Overdue is
-// returned at most once per Refresh per id (the next polls within Refresh get Pending),
-// and only when its callback looks overdue: a callback has arrived for an id submitted
-// more than Refresh after it, or none has arrived for Refresh while ids are pending (and
-// the id itself is older than Refresh). A pending id older than PendingTTL is dropped (Miss).
+// or a stored result of another owner, is a Miss (Core decides access). While callbacks
+// arrive, Overdue is returned at most once per Refresh per id (the next polls within
+// Refresh get Pending), and only when its callback looks overdue: a callback has arrived
+// for an id submitted more than Refresh after it, or none has arrived for Refresh since
+// the id was submitted. Once Core has answered such a question with a final result whose
+// callback never came, and until a callback is stored again, the callback path looks
+// broken (Core cannot reach the listener): every poll of a pending id is Overdue, so that
+// results come home as fast as the route's limit lets them, never slower than without
+// the bridge. A pending id older than PendingTTL is dropped (Miss).
 //
 // Only callbacks that were stored count as arrived, so forged ones cannot hold back the
 // questions to Core. A stored hit takes no lock of the bridge.
@@ -388,6 +395,12 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		return Answer{Source: Miss}
 	}
 	a := Answer{Source: Pending, Body: e.last, ContentType: e.lastType}
+	if b.callbacksLostLocked() {
+		// No callback comes at all: every poll asks Core, within the route's limit, as
+		// without the bridge but never answered with the limit's 503.
+		a.Source = Overdue
+		return a
+	}
 	if b.overdueLocked(e, now) && (e.asked.IsZero() || now.Sub(e.asked) >= b.refresh) {
 		e.asked = now
 		a.Source = Overdue
@@ -399,6 +412,15 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 // stored for an id submitted more than refresh after e, or no callback was stored for
 // refresh while e was pending (now - max(last callback, e's submission) >= refresh).
 // b.mu must be held.
+// callbacksLostLocked reports whether the callback path looks broken: since the last
+// callback was stored, Core answered a question about an overdue id with the id's final
+// result, its callback never come (Core cannot reach the listener, or lost its webhook
+// settings). Silence alone is no evidence: one slow scan is silent too. A callback stored
+// ends it. b.mu must be held.
+func (b *Bridge) callbacksLostLocked() bool {
+	return b.missedCallback.After(b.lastCallback)
+}
+
 func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
 	if b.newestCalledBack.Sub(e.submitted) > b.refresh {
 		return true
@@ -437,6 +459,9 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
 		if e != nil {
 			b.mu.Lock()
+			if b.pending[dataID] == e {
+				b.missedCallback = b.now() // a final result, and no callback for it
+			}
 			b.dropLocked(e)
 			b.mu.Unlock()
 		}
@@ -447,6 +472,18 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	if e := b.pending[dataID]; e != nil && e.owner == owner {
 		e.last = bytes.Clone(body)
 		e.lastType = contentType
+	}
+}
+
+// NotAsked records that a poll of dataID by owner that Poll answered Overdue did not
+// reach Core after all: the route's limit refused it, its client left first, or Core's
+// connection failed. The id stays overdue, so that the next poll asks again, rather than
+// waiting Refresh for a question that was never answered. Safe for concurrent use.
+func (b *Bridge) NotAsked(dataID string, owner Owner) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.pending[dataID]; e != nil && e.owner == owner {
+		e.asked = time.Time{}
 	}
 }
 

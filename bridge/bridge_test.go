@@ -797,3 +797,66 @@ func TestGone(t *testing.T) {
 		t.Errorf("PendingLen() after Core's 404 = %d, want 0", n)
 	}
 }
+
+// TestNotAsked: an overdue poll that did not reach Core (refused by the limit) leaves the
+// id overdue, so that the next poll asks again instead of waiting Refresh.
+func TestNotAsked(t *testing.T) {
+	b := newTestBridge(t, Options{Refresh: time.Minute})
+	owner := OwnerOf("k")
+	b.submit(t, "id1", owner)
+	b.clock.Add(2 * time.Minute) // no callback for Refresh: overdue
+	if got := b.Poll("id1", owner).Source; got != Overdue {
+		t.Fatalf("Poll of an id without callback for 2 min = %v, want overdue", got)
+	}
+	if got := b.Poll("id1", owner).Source; got != Pending {
+		t.Fatalf("second Poll at once = %v, want pending (asked once per Refresh)", got)
+	}
+	b.NotAsked("id1", OwnerOf("other")) // another owner's changes nothing
+	if got := b.Poll("id1", owner).Source; got != Pending {
+		t.Fatalf("Poll after another owner's NotAsked = %v, want pending", got)
+	}
+	b.NotAsked("id1", owner)
+	if got := b.Poll("id1", owner).Source; got != Overdue {
+		t.Errorf("Poll after NotAsked = %v, want overdue again", got)
+	}
+}
+
+// TestCallbacksLost: once Core answers an overdue question with a final result whose
+// callback never came, the callback path looks broken and every poll of a pending id asks
+// Core (within the route's limit), until a callback is stored again. A slow scan alone
+// does not do it.
+func TestCallbacksLost(t *testing.T) {
+	tb := newTestBridge(t, Options{Refresh: time.Minute})
+	srv := httptest.NewServer(tb.Handler())
+	defer srv.Close()
+	tb.submit(t, "x", alice)
+	ys := tb.submit(t, "y", alice)
+	tb.clock.Add(2 * time.Minute)
+	if got := tb.Poll("x", alice).Source; got != Overdue {
+		t.Fatalf("Poll(x) after 2 min without callback = %v, want overdue", got)
+	}
+	tb.Observe("x", alice, []byte(`{"data_id":"x","process_info":{"progress_percentage":50}}`), "application/json")
+	if got := tb.Poll("y", alice).Source; got != Overdue {
+		t.Fatalf("Poll(y) = %v, want overdue (its own first question)", got)
+	}
+	if got := tb.Poll("y", alice).Source; got != Pending {
+		t.Fatalf("Poll(y) again after a scan still running = %v, want pending (silence is no evidence)", got)
+	}
+	tb.clock.Add(2 * time.Minute)
+	if got := tb.Poll("x", alice).Source; got != Overdue {
+		t.Fatalf("Poll(x) 2 min later = %v, want overdue", got)
+	}
+	tb.Observe("x", alice, finalResult("x"), "application/json") // final, no callback: lost
+	for i := range 3 {
+		if got := tb.Poll("y", alice).Source; got != Overdue {
+			t.Fatalf("Poll(y) #%d with callbacks lost = %v, want overdue every time", i, got)
+		}
+	}
+	if code := post(t, srv, ys, finalResult("y")); code != http.StatusOK {
+		t.Fatalf("callback of y = %d, want 200", code)
+	}
+	tb.submit(t, "z", alice)
+	if got := tb.Poll("z", alice).Source; got != Pending {
+		t.Errorf("Poll(z) after a callback was stored again = %v, want pending", got)
+	}
+}

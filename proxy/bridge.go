@@ -26,6 +26,7 @@ type Bridge interface {
 	Poll(dataID string, owner bridge.Owner) bridge.Answer
 	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
 	Gone(dataID string, owner bridge.Owner)
+	NotAsked(dataID string, owner bridge.Owner)
 	CallbackPrefix() string
 }
 
@@ -155,6 +156,10 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		if !f.canceled || r.Context().Err() != nil {
 			break
 		}
+	}
+	if a.Source == bridge.Overdue && (!f.decision.Pass() || f.canceled || f.aborted || f.status >= 500) {
+		// Core was not asked after all: the next poll asks again.
+		rt.bridge.NotAsked(id, owner)
 	}
 	switch {
 	case f.canceled:
