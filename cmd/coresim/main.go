@@ -9,9 +9,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -21,12 +18,12 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/cli"
 	"github.com/mdproxy/mdproxy/internal/envconf"
-	"github.com/mdproxy/mdproxy/metrics"
 )
 
 func main() {
-	if code, exit := commandLine(os.Args[1:], os.Stdout, os.Stderr); exit {
+	if code, exit := cli.Parse("coresim", help(), usage, os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -42,38 +39,7 @@ func main() {
 	}
 }
 
-const usage = "usage: coresim [--version | --help]; settings are CORESIM_* environment variables\n"
-
-// commandLine reads coresim's arguments. --version prints the version, the VCS revision
-// and the Go version, and -h or --help a help, to stdout: then exit is true and code 0.
-// Any other argument prints an error and the usage line to stderr: exit is true and
-// code 2. Without arguments exit is false: coresim runs.
-func commandLine(args []string, stdout, stderr io.Writer) (code int, exit bool) {
-	fs := flag.NewFlagSet("coresim", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // what to print, and where, is decided below
-	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
-	err := fs.Parse(args)
-	if err == nil && fs.NArg() > 0 {
-		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, help())
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
-		return 0, true
-	case err != nil:
-		fmt.Fprintf(stderr, "coresim: %v\n%s", err, usage)
-		return 2, true
-	case *version:
-		// The same link-time stamps as mdproxy's (the Dockerfile builds both at once).
-		v, rev, goVersion := metrics.BuildVersion()
-		fmt.Fprintf(stdout, "coresim %s (revision %s, %s)\n", v, rev, goVersion)
-		return 0, true
-	}
-	return 0, false
-}
+var usage = cli.Usage("coresim", "CORESIM_")
 
 // help is coresim's --help, up to the flags.
 func help() string {

@@ -10,8 +10,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -21,14 +19,14 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/mdproxy/mdproxy/internal/cli"
 	"github.com/mdproxy/mdproxy/internal/envconf"
-	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/proxy"
 	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 func main() {
-	if code, exit := commandLine(os.Args[1:], os.Stdout, os.Stderr); exit {
+	if code, exit := cli.Parse("mdproxy", help(), usage, os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
 	// SIGHUP reloads the limits file (MDPROXY_LIMITS_FILE); its default action would
@@ -55,37 +53,7 @@ func failed(w io.Writer, err error, code int) {
 	slog.New(slog.NewJSONHandler(w, nil)).Error("mdproxy failed", "err", err.Error(), "exit_code", code)
 }
 
-const usage = "usage: mdproxy [--version | --help]; settings are MDPROXY_* environment variables\n"
-
-// commandLine reads mdproxy's arguments. --version prints the version, the VCS revision
-// and the Go version, and -h or --help a help, to stdout: then exit is true and code 0.
-// Any other argument prints an error and the usage line to stderr: exit is true and
-// code 2. Without arguments exit is false: mdproxy runs.
-func commandLine(args []string, stdout, stderr io.Writer) (code int, exit bool) {
-	fs := flag.NewFlagSet("mdproxy", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // what to print, and where, is decided below
-	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
-	err := fs.Parse(args)
-	if err == nil && fs.NArg() > 0 {
-		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, help())
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
-		return 0, true
-	case err != nil:
-		fmt.Fprintf(stderr, "mdproxy: %v\n%s", err, usage)
-		return 2, true
-	case *version:
-		v, rev, goVersion := metrics.BuildVersion()
-		fmt.Fprintf(stdout, "mdproxy %s (revision %s, %s)\n", v, rev, goVersion)
-		return 0, true
-	}
-	return 0, false
-}
+var usage = cli.Usage("mdproxy", "MDPROXY_")
 
 // help is mdproxy's --help, up to the flags.
 func help() string {

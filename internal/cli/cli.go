@@ -1,0 +1,51 @@
+// Package cli reads the command line of mdproxy's and coresim's binaries, whose settings
+// are environment variables: the only arguments are --version and -h/--help.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// Usage returns the one-line usage of the binary name whose variables start with
+// prefix, e.g. "usage: mdproxy [--version | --help]; settings are MDPROXY_* environment
+// variables", with its newline.
+func Usage(name, prefix string) string {
+	return fmt.Sprintf("usage: %s [--version | --help]; settings are %s* environment variables\n", name, prefix)
+}
+
+// Parse reads args (os.Args[1:]) for the binary name. --version prints the version, the
+// VCS revision and the Go version (metrics.BuildVersion: the link-time stamps of the
+// Dockerfile, else the binary's build information), and -h or --help prints help and
+// the flags, to stdout: then exit is true and code 0. Any other argument prints an error
+// and usage to stderr: exit is true and code 2. Without arguments exit is false: the
+// binary runs. It is built on the standard library's flag package.
+func Parse(name, help, usage string, args []string, stdout, stderr io.Writer) (code int, exit bool) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // what to print, and where, is decided below
+	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, help)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
+		return 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\n%s", name, err, usage)
+		return 2, true
+	case *version:
+		v, rev, goVersion := metrics.BuildVersion()
+		fmt.Fprintf(stdout, "%s %s (revision %s, %s)\n", name, v, rev, goVersion)
+		return 0, true
+	}
+	return 0, false
+}
