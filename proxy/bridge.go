@@ -157,26 +157,26 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 			break
 		}
 	}
-	if a.Source == bridge.Overdue && (!f.decision.Pass() || f.canceled || f.aborted || f.status >= 500) {
-		// Core was not asked after all: the next poll asks again.
-		rt.bridge.NotAsked(id, owner)
+	// Core was not asked after all, or could not answer: its own limit (429, 503), a
+	// failure (5xx, the proxy's 502 or 504), an answer cut short.
+	unanswered := !f.decision.Pass() || f.canceled || f.aborted ||
+		f.status >= 500 || f.status == http.StatusTooManyRequests
+	if a.Source == bridge.Overdue && unanswered {
+		rt.bridge.NotAsked(id, owner) // the next poll asks again
 	}
+	rec.decision = f.decision.Outcome.String()
 	switch {
 	case f.canceled:
 		abort(rec)
+	case a.Source == bridge.Overdue && unanswered:
+		// A file the client submitted: its pending answer, never an error or a 503.
+		rt.polls[bridge.Pending].Inc()
+		writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
 	case f.aborted:
 		abort(rec)
 	case !f.decision.Pass():
-		rec.decision = f.decision.Outcome.String()
-		if a.Source == bridge.Overdue {
-			// Core may not be asked now: the pending answer, never a 503.
-			rt.polls[bridge.Pending].Inc()
-			writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
-			return
-		}
 		rt.writeLimit(rec, f.decision)
 	default:
-		rec.decision = f.decision.Outcome.String()
 		rt.polls[bridge.Miss].Inc()
 		h := rec.Header()
 		for k, v := range f.header {

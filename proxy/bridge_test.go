@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,5 +111,44 @@ func TestSecretsPattern(t *testing.T) {
 		if got := string(re.ReplaceAll([]byte(tt.in), []byte("${1}redacted"))); got != tt.want {
 			t.Errorf("redacting %s = %s, want %s", tt.in, got, tt.want)
 		}
+	}
+}
+
+// TestBridgeOverdueCoreError: when Core answers a question about an overdue pending id
+// with an error (its own limit's 503 here), the client that submitted the file gets the
+// pending answer, never the error, and the id stays overdue for the next poll.
+func TestBridgeOverdueCoreError(t *testing.T) {
+	var polls atomic.Int64
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		polls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"err":"Server is too busy. Try again later."}`)
+	})
+	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, secret, err := b.Callback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Submitted("pend", secret, bridge.OwnerOf(""))
+	time.Sleep(5 * time.Millisecond) // past Refresh: overdue
+	front, _ := newTestProxy(t, upstream, func(o *Options) { o.Bridge = b })
+	c := newClient(t)
+	for i := range 2 {
+		resp, body := do(t, c, http.MethodGet, front+"/file/pend", nil)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"scan_all_result_i":255`) {
+			t.Errorf("poll #%d of an overdue id Core answers 503 = %d %s, want 200 in progress", i, resp.StatusCode, body)
+		}
+	}
+	if got := polls.Load(); got != 2 {
+		t.Errorf("questions to Core = %d, want 2 (the id stays overdue after Core's error)", got)
 	}
 }
