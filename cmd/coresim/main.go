@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
@@ -54,35 +53,10 @@ Settings are environment variables, not flags; the README's "coresim, the Core
 emulator" section and the package documentation (go doc ./coresim) give each one's
 default and meaning. The variables:
 
-` + wrap(envconf.Names[coresim.Config](coresim.EnvPrefix)) + `
+` + cli.Wrap(envconf.Names[coresim.Config](coresim.EnvPrefix)) + `
 Exit status: 0 after SIGTERM or SIGINT, 2 on a bad setting or argument, 1 on any
 other failure.
 
 Flags:
 `
-}
-
-// wrap joins words with ", " into indented lines of at most about 80 columns.
-func wrap(words []string) string {
-	var b strings.Builder
-	line := 0
-	for i, w := range words {
-		switch {
-		case i == 0:
-		case line+2+len(w) > 78:
-			b.WriteString(",\n")
-			line = 0
-		default:
-			b.WriteString(", ")
-			line += 2
-		}
-		if line == 0 {
-			b.WriteString("  ")
-			line = 2
-		}
-		b.WriteString(w)
-		line += len(w)
-	}
-	b.WriteString("\n")
-	return b.String()
 }

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
@@ -69,39 +68,14 @@ file (MDPROXY_LIMITS_FILE) again on SIGHUP.
 Settings are environment variables, not flags; the README's "Configuration" section
 gives each one's unit, default and meaning. The variables:
 
-` + wrap(envconf.Names[sidecar.Config](sidecar.EnvPrefix)) + `
+` + cli.Wrap(envconf.Names[sidecar.Config](sidecar.EnvPrefix)) + `
 and each route's limit, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT and
 _CLIENT_WINDOW, where <ROUTE> is one of these route names in upper case:
 
-` + wrap(proxy.RouteNames()) + `
+` + cli.Wrap(proxy.RouteNames()) + `
 Exit status: 0 after a clean shutdown, 2 on a bad setting or argument, 1 on any
 other failure.
 
 Flags:
 `
-}
-
-// wrap joins words with ", " into indented lines of at most about 80 columns.
-func wrap(words []string) string {
-	var b strings.Builder
-	line := 0
-	for i, w := range words {
-		switch {
-		case i == 0:
-		case line+2+len(w) > 78:
-			b.WriteString(",\n")
-			line = 0
-		default:
-			b.WriteString(", ")
-			line += 2
-		}
-		if line == 0 {
-			b.WriteString("  ")
-			line = 2
-		}
-		b.WriteString(w)
-		line += len(w)
-	}
-	b.WriteString("\n")
-	return b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/mdproxy/mdproxy/metrics"
 )
@@ -48,4 +49,30 @@ func Parse(name, help, usage string, args []string, stdout, stderr io.Writer) (c
 		return 0, true
 	}
 	return 0, false
+}
+
+// Wrap joins words with ", " into lines of at most about 80 columns, each indented by two
+// spaces and the last ending in a newline: the lists of variables and routes in a help.
+func Wrap(words []string) string {
+	var b strings.Builder
+	line := 0
+	for i, w := range words {
+		switch {
+		case i == 0:
+		case line+2+len(w) > 78:
+			b.WriteString(",\n")
+			line = 0
+		default:
+			b.WriteString(", ")
+			line += 2
+		}
+		if line == 0 {
+			b.WriteString("  ")
+			line = 2
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	b.WriteString("\n")
+	return b.String()
 }
