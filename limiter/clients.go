@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-chi/httprate"
+	"github.com/jonboulle/clockwork"
 )
 
 // defaultClientKeysMax is the number of client keys each per-client share tracks at
@@ -26,6 +26,7 @@ type Option func(*options)
 type options struct {
 	clientKeysMax int
 	logger        *slog.Logger
+	redis         *Redis
 }
 
 func newOptions(opts []Option) options {
@@ -50,6 +51,12 @@ func WithClientKeysMax(n int) Option {
 	}
 }
 
+// WithRedis makes NewSet and Update build a RedisBucket on r for each limited route
+// instead of a local Bucket. nil, the default, keeps local buckets.
+func WithRedis(r *Redis) Option {
+	return func(o *options) { o.redis = r }
+}
+
 // WithLogger is where a per-client share warns that requests passed untracked because
 // it held its bound of client keys: at most once per sweep, that is once a client window
 // (once a second for windows shorter than that). NewSet adds the route's name to it.
@@ -58,7 +65,7 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// clientCounter is the httprate.LimitCounter of one per-client share. It holds, for each
+// clientCounter is the counter of one per-client share. It holds, for each
 // client key, the request counts of the key's last two windows, in one map keyed by a
 // seeded 64-bit hash of the key (the key itself is not kept; httprate's own counter
 // hashes keys too, and two keys of a share collide with odds of about n²/2⁶⁵, 3e-10
@@ -67,30 +74,31 @@ func WithLogger(l *slog.Logger) Option {
 // untracked), so that the route's global bucket alone decides for it.
 //
 // Idle keys, whose counts no longer weigh in the sliding window (no request in the
-// current window nor the one before), are freed by a sweep that a time.AfterFunc timer runs every
+// current window nor the one before), are freed by a sweep that a timer of the clock (AfterFunc) runs every
 // sweepEvery while the map holds keys, and never otherwise: an idle share holds no timer
 // and no goroutine. The sweep builds a new map of the live keys rather than deleting
 // from the old one, since a Go map never shrinks.
 //
-// The windows are those httprate passes (the wall clock truncated to the window); the
-// sweep reads the clock now, time.Now as httprate does. A clientCounter is safe for
+// allow decides with the sliding window of github.com/go-chi/httprate (v0.16): the
+// requests of the window before weigh by the share of it still inside the window, those
+// of the current window in full. It is written here, on the bucket's clock, because
+// httprate reads time.Now itself and a fake clock could not drive it. Windows are the
+// clock's instants truncated to the window, in UTC. A clientCounter is safe for
 // concurrent use.
 type clientCounter struct {
 	window     time.Duration
 	max        int
 	sweepEvery time.Duration
 	seed       maphash.Seed
-	now        func() time.Time
+	clock      clockwork.Clock
 	log        *slog.Logger
 
 	mu        sync.Mutex
 	keys      map[uint64]clientCount // nil when empty
-	timer     *time.Timer            // the pending sweep; nil when keys is empty
+	timer     clockwork.Timer        // the pending sweep; nil when keys is empty
 	untracked uint64                 // requests of keys beyond max, since the start
 	warned    uint64                 // untracked when the last warning was logged
 }
-
-var _ httprate.LimitCounter = (*clientCounter)(nil)
 
 // clientCount is one key's requests in the window starting at start (UnixNano) and in
 // the window before it. Counts saturate at math.MaxInt32.
@@ -99,22 +107,34 @@ type clientCount struct {
 	cur, prev int32
 }
 
-// newClientCounter returns an empty counter for windows of window, tracking at most
-// keysMax keys, warning on log.
-func newClientCounter(window time.Duration, keysMax int, log *slog.Logger) *clientCounter {
+// newClientCounter returns an empty counter for windows of window on clock, tracking at
+// most keysMax keys, warning on log.
+func newClientCounter(window time.Duration, keysMax int, clock clockwork.Clock, log *slog.Logger) *clientCounter {
 	return &clientCounter{
 		window:     window,
 		max:        keysMax,
 		sweepEvery: max(window, minSweepEvery),
 		seed:       maphash.MakeSeed(),
-		now:        time.Now,
+		clock:      clock,
 		log:        log,
 	}
 }
 
-// Config is called by httprate.NewRateLimiter with the share's limit and window; the
-// counter was built with the same window and keeps it.
-func (c *clientCounter) Config(requestLimit int, windowLength time.Duration) {}
+// allow decides whether a request of key at now fits in limit requests per window, and
+// counts it when it does; counted is the window it was counted in (for giveBack). The
+// caller serializes allow for one share (Bucket.mu), so that the look and the count are
+// one step.
+func (c *clientCounter) allow(key string, now time.Time, limit int) (counted time.Time, ok bool) {
+	cur := now.UTC().Truncate(c.window)
+	curCount, prevCount, _ := c.Get(key, cur, cur.Add(-c.window))
+	elapsed := now.Sub(cur)
+	rate := float64(prevCount)*float64(c.window-elapsed)/float64(c.window) + float64(curCount)
+	if int(math.Round(rate))+1 > limit {
+		return cur, false
+	}
+	_ = c.IncrementBy(key, cur, 1)
+	return cur, true
+}
 
 // Increment counts one request of key in currentWindow.
 func (c *clientCounter) Increment(key string, currentWindow time.Time) error {
@@ -139,7 +159,7 @@ func (c *clientCounter) IncrementBy(key string, currentWindow time.Time, amount 
 			c.keys = make(map[uint64]clientCount)
 		}
 		if c.timer == nil {
-			c.timer = time.AfterFunc(c.sweepEvery, c.sweepNow)
+			c.timer = c.clock.AfterFunc(c.sweepEvery, c.sweepNow)
 		}
 	}
 	e = e.rolled(start, c.window)
@@ -204,7 +224,7 @@ func (e clientCount) rolled(start int64, window time.Duration) clientCount {
 }
 
 // sweepNow is the timer's function.
-func (c *clientCounter) sweepNow() { c.sweep(c.now()) }
+func (c *clientCounter) sweepNow() { c.sweep(c.clock.Now()) }
 
 // sweep frees the keys idle at now: those whose last window started before the window
 // preceding now's, whose requests no longer count. When some are idle it replaces the
@@ -239,7 +259,7 @@ func (c *clientCounter) sweep(now time.Time) {
 	case len(c.keys) > 0 && c.timer != nil:
 		c.timer.Reset(c.sweepEvery)
 	case len(c.keys) > 0:
-		c.timer = time.AfterFunc(c.sweepEvery, c.sweepNow)
+		c.timer = c.clock.AfterFunc(c.sweepEvery, c.sweepNow)
 	}
 	untracked := c.untracked - c.warned
 	c.warned = c.untracked

@@ -1,22 +1,42 @@
 // Package limiter holds the token buckets that mdproxy puts on each route: a global
-// bucket per route (golang.org/x/time/rate) and, optionally, a per-client share inside it
-// (github.com/go-chi/httprate). It knows route names only as opaque strings; which HTTP
-// requests belong to which route is the proxy package's business.
+// bucket per route and, optionally, a per-client share inside it (a sliding window of
+// requests per client key, as github.com/go-chi/httprate counts them). Each route's
+// budget is a Limiter: a Bucket in the process (golang.org/x/time/rate), or a
+// RedisBucket that every replica on one Redis shares (github.com/go-redis/redis_rate),
+// with a local Bucket to fall back on. It knows route names only as opaque strings;
+// which HTTP requests belong to which route is the proxy package's business.
+//
+// Time comes from a github.com/jonboulle/clockwork Clock given to NewBucket and NewSet:
+// the decision for a request is a function of the bucket's state, the instant and the
+// client key, and a request that must wait for its token waits on the clock's timer, so
+// that tests run on a fake clock and never sleep.
 package limiter
 
 import (
 	"context"
 	"fmt"
 	"math"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/go-chi/httprate"
+	"github.com/jonboulle/clockwork"
 	"golang.org/x/time/rate"
 )
+
+// Limiter decides for the requests of one route. Bucket (local) and RedisBucket
+// (shared by the replicas on one Redis) implement it. Implementations are safe for
+// concurrent use.
+type Limiter interface {
+	// Acquire decides whether a request of client (the per-client key: an apikey or a
+	// client address, never logged) may go on. When no token is free now but one will
+	// be within MaxWait, Acquire blocks until then, or until ctx ends (outcome
+	// Canceled, the token given back). Rejections return at once and consume nothing.
+	Acquire(ctx context.Context, client string) Decision
+	// Limit returns the configuration in force, Burst filled in.
+	Limit() Limit
+}
 
 // Limit is the budget of one route.
 //
@@ -40,6 +60,12 @@ type Limit struct {
 	ClientLimit int `env:"CLIENT_LIMIT"`
 	// ClientWindow is the window of ClientLimit. Zero is read as one second.
 	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
+	// DryRun, when true, decides every request as the limit would but lets each go on
+	// at once: a request that would be rejected is counted WouldReject instead (as
+	// nginx's limit_req_dry_run and Envoy's shadow_mode do), one that would wait is let
+	// through without waiting. The bucket's state follows the decisions a real limit
+	// would take: a would-be rejection takes no token, a would-be wait takes its turn.
+	DryRun bool `env:"DRY_RUN"`
 }
 
 // filled returns l with the Burst that 0 stands for filled in: ceil(Rate), at least 1,
@@ -53,6 +79,14 @@ func (l Limit) filled() Limit {
 
 // Unlimited reports whether l lets every request through at once.
 func (l Limit) Unlimited() bool { return l.Rate == 0 && l.ClientLimit == 0 }
+
+// window is the per-client share's window: ClientWindow, one second when 0.
+func (l Limit) window() time.Duration {
+	if l.ClientWindow == 0 {
+		return time.Second
+	}
+	return l.ClientWindow
+}
 
 // Outcome is what a Bucket decided for one request.
 type Outcome int
@@ -69,10 +103,18 @@ const (
 	RejectedClient
 	// Canceled: the request's context ended while it waited; its token was given back.
 	Canceled
+	// WouldReject: the limit is a dry run (Limit.DryRun) and would have rejected the
+	// request (for the route's bucket or the client's share); it goes on. No token was
+	// consumed.
+	WouldReject
 )
 
+// Outcomes is the number of Outcome values: Allowed to WouldReject are 0 to
+// Outcomes-1, for arrays indexed by outcome.
+const Outcomes = int(WouldReject) + 1
+
 // String returns the outcome's metric label: allowed, delayed, rejected,
-// rejected_client or canceled.
+// rejected_client, canceled or would_reject.
 func (o Outcome) String() string {
 	switch o {
 	case Allowed:
@@ -85,6 +127,8 @@ func (o Outcome) String() string {
 		return "rejected_client"
 	case Canceled:
 		return "canceled"
+	case WouldReject:
+		return "would_reject"
 	}
 	return "unknown"
 }
@@ -101,7 +145,9 @@ type Decision struct {
 }
 
 // Pass reports whether the request may go on to the upstream.
-func (d Decision) Pass() bool { return d.Outcome == Allowed || d.Outcome == Delayed }
+func (d Decision) Pass() bool {
+	return d.Outcome == Allowed || d.Outcome == Delayed || d.Outcome == WouldReject
+}
 
 // RetryAfterSeconds returns RetryAfter as the value of a Retry-After header: whole
 // seconds, rounded up, at least 1 (RFC 9110, section 10.2.3, allows only whole seconds).
@@ -111,37 +157,41 @@ func (d Decision) RetryAfterSeconds() int {
 	return max(s, 1)
 }
 
-// Bucket is the budget of one route: a global token bucket and an optional per-client
-// share. A nil *Bucket allows everything. A Bucket is safe for concurrent use.
+// Bucket is the budget of one route in this process: a global token bucket
+// (golang.org/x/time/rate) and an optional per-client share. A nil *Bucket allows
+// everything. A Bucket is safe for concurrent use.
 //
 // The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
 // 100,000 by default; 30 to 60 bytes a key). A key is freed once idle, when
 // its requests no longer weigh in the sliding window (one to two windows after its last
-// request): a timer sweeps the idle keys every window (at most once a second) while keys
-// are tracked, and stops when none is, so that memory returns to its baseline without
-// waiting for a request. While the bound is reached, a request of a new key passes the
-// per-client check untracked: the route's global bucket, which protects Core, still
-// decides for it, whereas refusing it would let a flood of made-up keys lock out every
-// client that arrives after it. Such requests are counted (Set.ClientKeys) and logged at
-// most once a sweep (WithLogger). Keys already tracked keep their share.
+// request): a timer of the bucket's clock sweeps the idle keys every window (at most
+// once a second) while keys are tracked, and stops when none is, so that memory returns
+// to its baseline without waiting for a request. While the bound is reached, a request
+// of a new key passes the per-client check untracked: the route's global bucket, which
+// protects Core, still decides for it, whereas refusing it would let a flood of made-up
+// keys lock out every client that arrives after it. Such requests are counted
+// (Set.ClientKeys) and logged at most once a sweep (WithLogger). Keys already tracked
+// keep their share.
 type Bucket struct {
 	limit Limit
-	now   func() time.Time
+	clock clockwork.Clock
 
 	// mu makes "look at the bucket, check the client, take the token" one step, so that
 	// a rejected request never takes a token and concurrent requests never overdraw.
 	mu     sync.Mutex
-	global *rate.Limiter         // nil when Rate == 0
-	client *httprate.RateLimiter // nil when ClientLimit == 0
-	// clients is client's counter of requests per key; nil when ClientLimit == 0.
+	global *rate.Limiter // nil when Rate == 0
+	// clients counts each client key's requests in the per-client share's sliding
+	// window; nil when ClientLimit == 0.
 	clients *clientCounter
 	// waiting holds the requests waiting for their token, in the order of their
 	// reservations: the slot of one that leaves is handed to those behind it.
 	waiting []*waiter
 }
 
-// waiter is a request of Acquire waiting for its turn. Its fields are guarded by the
-// bucket's mu; moved tells it that at changed.
+var _ Limiter = (*Bucket)(nil)
+
+// waiter is a request waiting for its turn. Its fields are guarded by the bucket's mu;
+// moved tells it that at changed.
 type waiter struct {
 	res   *rate.Reservation
 	at    time.Time // its turn, on the bucket's clock
@@ -152,35 +202,26 @@ type waiter struct {
 	window time.Time
 }
 
-// NewBucket returns the bucket for l. now is the clock of the global bucket (nil means
-// time.Now); tests pass a fake clock. The per-client share always uses the real clock
-// (httprate has no clock to inject). opts bound and log the per-client share. It
-// returns an error when l is not valid.
-func NewBucket(l Limit, now func() time.Time, opts ...Option) (*Bucket, error) {
+// NewBucket returns the bucket for l on clock (nil means the real clock; tests pass a
+// clockwork.FakeClock): the global bucket's instants, the waits for a token, the
+// per-client share's windows and the sweep of its idle keys all read it. opts bound and
+// log the per-client share. It returns an error when l is not valid.
+func NewBucket(l Limit, clock clockwork.Clock, opts ...Option) (*Bucket, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
 	o := newOptions(opts)
-	if now == nil {
-		now = time.Now
+	if clock == nil {
+		clock = clockwork.NewRealClock()
 	}
 	l = l.filled()
-	b := &Bucket{limit: l, now: now}
+	b := &Bucket{limit: l, clock: clock}
 	if l.Rate > 0 {
 		// A new bucket starts full: its burst is available at once.
 		b.global = rate.NewLimiter(rate.Limit(l.Rate), l.Burst)
 	}
 	if l.ClientLimit > 0 {
-		window := l.ClientWindow
-		if window == 0 {
-			window = time.Second
-		}
-		// No response headers: the proxy writes its own Retry-After. httprate's own
-		// counter is unbounded and keeps its maps' size after clearing them.
-		b.clients = newClientCounter(window, o.clientKeysMax, o.logger)
-		b.client = httprate.NewRateLimiter(l.ClientLimit, window,
-			httprate.WithResponseHeaders(httprate.ResponseHeaders{}),
-			httprate.WithLimitCounter(b.clients))
+		b.clients = newClientCounter(l.window(), o.clientKeysMax, clock, o.logger)
 	}
 	return b, nil
 }
@@ -217,6 +258,7 @@ var wants = map[string]string{
 	"MAX_WAIT":      "want a duration with its unit >= 0 (e.g. 500ms, 2s); 0 = reject at once",
 	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0; 0 = off",
 	"CLIENT_WINDOW": "want a duration with its unit >= 0 (e.g. 1s, 1m); 0 = 1s",
+	"DRY_RUN":       "want true or false; true = decide as the limit would, count would_reject and let every request go on",
 }
 
 // check returns the invalid fields of l, in field order; none when l is valid.
@@ -249,55 +291,63 @@ func (b *Bucket) Limit() Limit {
 	return b.limit
 }
 
-// Acquire decides whether the request r of client (the per-client key: an apikey or a
-// client address, never logged) may go on. When no token is free now but one will be
-// within MaxWait, Acquire blocks until then, or until ctx ends (outcome Canceled, the
-// token given back). Rejections return at once and consume nothing.
-//
-// r is only handed to httprate, which reads its context; it is not read otherwise.
-func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) Decision {
-	if b == nil || (b.global == nil && b.client == nil) {
+// Acquire decides whether a request of client may go on, at the instant the bucket's
+// clock reads; see Limiter. A request that must wait waits on the clock's timer.
+func (b *Bucket) Acquire(ctx context.Context, client string) Decision {
+	if b == nil || (b.global == nil && b.clients == nil) {
 		return Decision{Outcome: Allowed}
 	}
 	b.mu.Lock()
-	now := b.now() // read under the lock, so that instants reach the bucket in order
+	now := b.clock.Now() // read under the lock, so that instants reach the bucket in order
+	d, w := b.reserve(now, client)
+	b.mu.Unlock()
+	if w == nil {
+		return d
+	}
+	return b.wait(ctx, w, now)
+}
+
+// reserve is the decision for a request of client arriving at now, a function of the
+// bucket's state, now and client alone: Allowed, Rejected or RejectedClient (or, in a
+// dry run, WouldReject), or a waiter holding the request's turn when it must wait for
+// its token. The caller holds b.mu.
+func (b *Bucket) reserve(now time.Time, client string) (Decision, *waiter) {
 	var delay time.Duration
 	if b.global != nil {
 		delay = b.delayAt(now)
 		if delay > b.limit.MaxWait {
-			b.mu.Unlock()
-			return Decision{Outcome: Rejected, RetryAfter: delay}
+			return b.refuse(Decision{Outcome: Rejected, RetryAfter: delay}), nil
 		}
 	}
 	var counted time.Time // the per-client window this request is counted in
-	if b.client != nil {
-		window := b.limit.ClientWindow
-		if window == 0 {
-			window = time.Second
-		}
-		// httprate's windows, with a counter of our own: the wall clock truncated.
-		counted = time.Now().UTC().Truncate(window)
-		if b.client.OnLimit(discardHeaders{}, r, client) {
-			b.mu.Unlock()
-			return Decision{Outcome: RejectedClient, RetryAfter: window}
+	if b.clients != nil {
+		var ok bool
+		if counted, ok = b.clients.allow(client, now, b.limit.ClientLimit); !ok {
+			return b.refuse(Decision{Outcome: RejectedClient, RetryAfter: b.limit.window()}), nil
 		}
 	}
 	if b.global == nil {
-		b.mu.Unlock()
-		return Decision{Outcome: Allowed}
+		return Decision{Outcome: Allowed}, nil
 	}
 	res := b.global.ReserveN(now, 1)
-	if delay <= 0 {
-		b.mu.Unlock()
-		return Decision{Outcome: Allowed}
+	if delay <= 0 || b.limit.DryRun {
+		// A dry run takes the turn the request would wait for, but does not hold it.
+		return Decision{Outcome: Allowed}, nil
 	}
 	w := &waiter{res: res, at: now.Add(delay), moved: make(chan struct{}, 1)}
-	if b.client != nil {
+	if b.clients != nil {
 		w.client, w.window = client, counted
 	}
 	b.waiting = append(b.waiting, w)
-	b.mu.Unlock()
-	return b.wait(ctx, w, now, delay)
+	return Decision{}, w
+}
+
+// refuse returns d, a rejection, or WouldReject in a dry run.
+func (b *Bucket) refuse(d Decision) Decision {
+	if b.limit.DryRun {
+		return Decision{Outcome: WouldReject}
+	}
+	return d
 }
 
 // wait holds w until its turn or until ctx ends. A request leaving the queue early
@@ -306,12 +356,12 @@ func (b *Bucket) Acquire(ctx context.Context, r *http.Request, client string) De
 // configured rate. So the requests behind it move up one turn each, and it is the
 // last reservation, whose token x/time/rate restores in full, that is canceled. The
 // request is also taken back from its client's share.
-func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time, delay time.Duration) Decision {
-	t := time.NewTimer(delay)
+func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision {
+	t := b.clock.NewTimer(w.at.Sub(start))
 	defer t.Stop()
 	for {
 		select {
-		case <-t.C:
+		case <-t.Chan():
 			b.mu.Lock()
 			b.leave(w, false, time.Time{})
 			b.mu.Unlock()
@@ -320,10 +370,10 @@ func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time, delay tim
 			b.mu.Lock()
 			at := w.at
 			b.mu.Unlock()
-			t.Reset(at.Sub(b.now()))
+			t.Reset(at.Sub(b.clock.Now()))
 		case <-ctx.Done():
 			b.mu.Lock()
-			now := b.now()
+			now := b.clock.Now()
 			b.leave(w, true, now)
 			b.mu.Unlock()
 			return Decision{Outcome: Canceled, Waited: now.Sub(start)}
@@ -359,25 +409,6 @@ func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
 	}
 }
 
-// ReserveAt takes a token of the global bucket for a request arriving at now when one
-// is free within MaxWait, and returns how long the request must wait for it (0: at
-// once). Otherwise it takes nothing and returns ok false. It ignores the per-client
-// share and does not wait: it serves callers with a clock of their own, such as the
-// emulator's virtual time. A nil bucket or one without a rate allows every request.
-// Safe for concurrent use.
-func (b *Bucket) ReserveAt(now time.Time) (delay time.Duration, ok bool) {
-	if b == nil || b.global == nil {
-		return 0, true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if delay = b.delayAt(now); delay > b.limit.MaxWait {
-		return delay, false
-	}
-	b.global.ReserveN(now, 1)
-	return delay, true
-}
-
 // delayAt is how long a request arriving at now waits for a token of the global bucket.
 // The caller holds b.mu.
 func (b *Bucket) delayAt(now time.Time) time.Duration {
@@ -388,45 +419,41 @@ func (b *Bucket) delayAt(now time.Time) time.Duration {
 	return time.Duration(missing / b.limit.Rate * float64(time.Second))
 }
 
-// discardHeaders is the http.ResponseWriter handed to httprate, which is configured to
-// write no header: the proxy answers rejections itself.
-type discardHeaders struct{}
-
-func (discardHeaders) Header() http.Header         { return http.Header{} }
-func (discardHeaders) Write(b []byte) (int, error) { return len(b), nil }
-func (discardHeaders) WriteHeader(int)             {}
-
-// Set is the buckets of every route, keyed by route name. A route without a bucket is
-// unlimited. A Set is read-only after NewSet and safe for concurrent use; Update
-// returns a new Set rather than changing one.
+// Set is the Limiter of every route, keyed by route name: a Bucket, or a RedisBucket
+// when the Set was built WithRedis. A route without one is unlimited. A Set is
+// read-only after NewSet and safe for concurrent use; Update returns a new Set rather
+// than changing one.
 type Set struct {
-	buckets map[string]*Bucket
+	limiters map[string]Limiter
 	// limits is each route's Limit as given to NewSet or Update, before Burst is filled
 	// in: what Update compares.
 	limits map[string]Limit
-	now    func() time.Time
+	clock  clockwork.Clock
 	opts   []Option
 }
 
-// NewSet builds one bucket per entry of limits (route name to Limit), all on the clock
-// now (nil means time.Now), with opts (each bucket's logger gets a route attribute).
-// It returns the first invalid limit's error, naming its route.
-func NewSet(limits map[string]Limit, now func() time.Time, opts ...Option) (*Set, error) {
-	return newSet(limits, nil, now, opts)
+// NewSet builds one Limiter per entry of limits (route name to Limit), all on clock
+// (nil means the real clock), with opts (each bucket's logger gets a route attribute):
+// a Bucket each, or a RedisBucket each WithRedis. It returns the first invalid limit's
+// error, naming its route.
+func NewSet(limits map[string]Limit, clock clockwork.Clock, opts ...Option) (*Set, error) {
+	return newSet(limits, nil, clock, opts)
 }
 
 // Update returns a Set for limits (route name to Limit) that keeps, for each route
 // whose Limit is the same as in s (a Burst of 0 and one of ceil(Rate) are the same),
-// s's own bucket with its tokens, waiting requests and per-client counts, and builds a
-// new, full bucket for each route whose Limit changed, on s's clock and options. changed lists, sorted, the routes whose Limit changed,
-// appeared or disappeared. s itself is not changed: requests holding one of its
-// buckets finish on it. It returns the first invalid limit's error, naming its route,
-// and a nil Set then. Update of a nil Set is NewSet(limits, nil).
+// s's own Limiter with its tokens, waiting requests and per-client counts, and builds a
+// new, full one for each route whose Limit changed, on s's clock and options (a
+// RedisBucket's state in Redis is kept: it is the route's, whatever its Limit).
+// changed lists, sorted, the routes whose Limit changed, appeared or disappeared. s
+// itself is not changed: requests holding one of its Limiters finish on it. It returns
+// the first invalid limit's error, naming its route, and a nil Set then. Update of a nil
+// Set is NewSet(limits, nil).
 func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err error) {
 	if s == nil {
 		s = &Set{}
 	}
-	next, err = newSet(limits, s, s.now, s.opts)
+	next, err = newSet(limits, s, s.clock, s.opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -444,15 +471,15 @@ func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err 
 	return next, changed, nil
 }
 
-// newSet builds the Set of limits, taking from prev (nil: none) the bucket of each route
-// whose Limit is unchanged.
-func newSet(limits map[string]Limit, prev *Set, now func() time.Time, opts []Option) (*Set, error) {
+// newSet builds the Set of limits, taking from prev (nil: none) the Limiter of each
+// route whose Limit is unchanged.
+func newSet(limits map[string]Limit, prev *Set, clock clockwork.Clock, opts []Option) (*Set, error) {
 	o := newOptions(opts)
 	s := &Set{
-		buckets: make(map[string]*Bucket, len(limits)),
-		limits:  make(map[string]Limit, len(limits)),
-		now:     now,
-		opts:    slices.Clone(opts),
+		limiters: make(map[string]Limiter, len(limits)),
+		limits:   make(map[string]Limit, len(limits)),
+		clock:    clock,
+		opts:     slices.Clone(opts),
 	}
 	for route, l := range limits {
 		// Validate before skipping unlimited limits: Rate 0 with Burst -1 is invalid too.
@@ -463,37 +490,59 @@ func newSet(limits map[string]Limit, prev *Set, now func() time.Time, opts []Opt
 		if l.Unlimited() {
 			continue
 		}
-		if prev != nil && prev.buckets[route] != nil && prev.limits[route].filled() == l.filled() {
-			s.buckets[route] = prev.buckets[route]
+		if prev != nil && prev.limiters[route] != nil && prev.limits[route].filled() == l.filled() {
+			s.limiters[route] = prev.limiters[route]
 			continue
 		}
 		routeOpts := append(slices.Clip(opts), WithLogger(o.logger.With("route", route)))
-		b, err := NewBucket(l, now, routeOpts...)
+		var lim Limiter
+		var err error
+		if o.redis != nil {
+			lim, err = o.redis.bucket(route, l, clock, routeOpts)
+		} else {
+			lim, err = NewBucket(l, clock, routeOpts...)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("route %s: %w", route, err)
 		}
-		s.buckets[route] = b
+		s.limiters[route] = lim
 	}
 	return s, nil
 }
 
-// Bucket returns the bucket of route, or nil (unlimited) when the route has none.
-func (s *Set) Bucket(route string) *Bucket {
+// Limiter returns the Limiter of route, or nil (unlimited) when the route has none.
+func (s *Set) Limiter(route string) Limiter {
 	if s == nil {
 		return nil
 	}
-	return s.buckets[route]
+	return s.limiters[route]
 }
 
-// ClientKeys calls f once for each route with a per-client share, in no set order,
-// with what the route's bucket reports: the client keys tracked now and the requests
-// let through untracked since the start. It serves metrics at scrape time. Safe for
-// concurrent use.
+// Limit returns the Limit in force on route, Burst filled in; the zero Limit when the
+// route is unlimited.
+func (s *Set) Limit(route string) Limit {
+	if l := s.Limiter(route); l != nil {
+		return l.Limit()
+	}
+	return Limit{}
+}
+
+// ClientKeys calls f once for each route with a per-client share in this process, in
+// no set order, with what the route's local bucket reports (for a RedisBucket, its
+// fallback's): the client keys tracked now and the requests let through untracked since
+// the start. It serves metrics at scrape time. Safe for concurrent use.
 func (s *Set) ClientKeys(f func(route string, tracked int, untracked uint64)) {
 	if s == nil {
 		return
 	}
-	for route, b := range s.buckets {
+	for route, l := range s.limiters {
+		var b *Bucket
+		switch l := l.(type) {
+		case *Bucket:
+			b = l
+		case *RedisBucket:
+			b = l.fallback
+		}
 		if tracked, untracked, ok := b.clientKeys(); ok {
 			f(route, tracked, untracked)
 		}

@@ -39,10 +39,11 @@ import (
 // went away before its answer: nginx's 499.
 const statusClientClosedRequest = 499
 
-// Limits is what the proxy needs of the limiter: the bucket of a route, nil for an
-// unlimited route.
+// Limits is what the proxy needs of the limiter: the Limiter of a route (a local
+// limiter.Bucket or a limiter.RedisBucket shared by replicas), nil for an unlimited
+// route.
 type Limits interface {
-	Bucket(route string) *limiter.Bucket
+	Limiter(route string) limiter.Limiter
 }
 
 var _ Limits = (*limiter.Set)(nil)
@@ -92,9 +93,9 @@ type Proxy struct {
 // children, so that serving a request looks nothing up by label.
 type route struct {
 	name string
-	// bucket is the route's bucket now (nil: unlimited). SetLimits swaps it; a request
-	// loads it once and keeps that bucket to the end, a wait for a token included.
-	bucket          atomic.Pointer[limiter.Bucket]
+	// limiter is the route's Limiter now (nil inside: unlimited). SetLimits swaps it;
+	// a request loads it once and keeps it to the end, a wait for a token included.
+	limiter         atomic.Pointer[routeLimiter]
 	submit          bool // POST /file: Content-Length required, bridged
 	polled          bool // GET /file/{data_id}: answered by the bridge
 	bridge          Bridge
@@ -106,7 +107,7 @@ type route struct {
 	secrets         *regexp.Regexp             // webhook_status: the bridge's callback URLs
 	proxy           *httputil.ReverseProxy
 	requests        *prometheus.CounterVec
-	decisions       [limiter.Canceled + 1]prometheus.Counter
+	decisions       [limiter.Outcomes]prometheus.Counter
 	duration        prometheus.Observer
 	upstreamDur     prometheus.Observer
 	upstreamErrors  map[string]prometheus.Counter
@@ -230,13 +231,13 @@ func newRoute(name string, opts Options) *route {
 		rejectBody:       errorBody("Too many requests for route " + name + ". Try again later."),
 		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
 	}
-	for o := limiter.Allowed; o <= limiter.Canceled; o++ {
+	for o := range limiter.Outcome(limiter.Outcomes) {
 		rt.decisions[o] = m.Decisions.WithLabelValues(name, o.String())
 	}
 	for _, kind := range []string{metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther} {
 		rt.upstreamErrors[kind] = m.UpstreamErrors.WithLabelValues(name, kind)
 	}
-	rt.setBucket(opts.Limits.Bucket(name))
+	rt.setLimiter(opts.Limits.Limiter(name))
 
 	upstream := opts.Upstream
 	trusted := opts.TrustedProxies
@@ -272,14 +273,20 @@ func newRoute(name string, opts Options) *route {
 	return rt
 }
 
-// setBucket makes b (nil: unlimited) the route's bucket for the requests that start
+// routeLimiter holds a route's Limiter (nil: unlimited) for an atomic swap.
+type routeLimiter struct{ l limiter.Limiter }
+
+// setLimiter makes l (nil: unlimited) the route's Limiter for the requests that start
 // from now on, and sets the limit gauges to its limit.
-func (rt *route) setBucket(b *limiter.Bucket) {
-	rt.bucket.Store(b)
-	l := b.Limit()
-	rt.limitRate.Set(l.Rate)
-	rt.limitBurst.Set(float64(l.Burst))
-	rt.limitMaxWait.Set(l.MaxWait.Seconds())
+func (rt *route) setLimiter(l limiter.Limiter) {
+	rt.limiter.Store(&routeLimiter{l})
+	var lim limiter.Limit
+	if l != nil {
+		lim = l.Limit()
+	}
+	rt.limitRate.Set(lim.Rate)
+	rt.limitBurst.Set(float64(lim.Burst))
+	rt.limitMaxWait.Set(lim.MaxWait.Seconds())
 }
 
 // SetLimits gives each route the bucket l has for it (nil l: no limit on any route), as
@@ -295,7 +302,7 @@ func (p *Proxy) SetLimits(l Limits) {
 	p.setLimits.Lock()
 	defer p.setLimits.Unlock()
 	for _, rt := range p.routes {
-		rt.setBucket(l.Bucket(rt.name))
+		rt.setLimiter(l.Limiter(rt.name))
 	}
 }
 
@@ -392,15 +399,20 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.proxy.ServeHTTP(rec, r.WithContext(ctx))
 }
 
-// acquire asks the route's bucket (the one in place now, kept to the decision's end,
+// acquire asks the route's Limiter (the one in place now, kept to the decision's end,
 // whatever a reload swaps in) for a token for r, and counts the decision.
 func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision {
-	b := rt.bucket.Load()
+	l := rt.limiter.Load().l
+	if l == nil {
+		d := limiter.Decision{Outcome: limiter.Allowed}
+		rt.decisions[d.Outcome].Inc()
+		return d
+	}
 	var client string
-	if b.Limit().ClientLimit > 0 {
+	if l.Limit().ClientLimit > 0 {
 		client = clientKey(r, rt.trusted)
 	}
-	d := b.Acquire(ctx, r, client)
+	d := l.Acquire(ctx, client)
 	rt.decisions[d.Outcome].Inc()
 	return d
 }

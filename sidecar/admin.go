@@ -40,6 +40,8 @@ type routeLimit struct {
 	// ClientWindow is a duration with its unit, "1s" when its variable was 0; "0s"
 	// without a per-client share.
 	ClientWindow string `json:"client_window"`
+	// DryRun: the route's limit decides and counts would_reject but refuses nothing.
+	DryRun bool `json:"dry_run"`
 }
 
 // settingsOf returns the effective settings of c, each route's limit as limits gives
@@ -68,6 +70,7 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 	if c.upstream != nil {
 		s.Variables[EnvPrefix+"UPSTREAM_URL"] = c.upstream.Redacted()
 	}
+	s.Variables[EnvPrefix+"REDIS_URL"] = redactedRedisURL(c.RedisURL)
 	trusted := make([]string, len(c.trusted))
 	for i, p := range c.trusted {
 		trusted[i] = p.String()
@@ -78,7 +81,9 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 	for _, name := range proxy.RouteNames() {
 		var l limiter.Limit
 		if limits != nil {
-			l = limits.Bucket(name).Limit()
+			if lim := limits.Limiter(name); lim != nil {
+				l = lim.Limit()
+			}
 		}
 		window := l.ClientWindow
 		switch {
@@ -88,7 +93,7 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 			window = time.Second
 		}
 		s.Routes[name] = routeLimit{Rate: l.Rate, Burst: l.Burst, MaxWait: l.MaxWait.String(),
-			ClientLimit: l.ClientLimit, ClientWindow: window.String()}
+			ClientLimit: l.ClientLimit, ClientWindow: window.String(), DryRun: l.DryRun}
 	}
 	return s
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/proxy"
@@ -133,6 +135,24 @@ type Config struct {
 	// 24h.
 	StoreTTL time.Duration `env:"STORE_TTL" envDefault:"24h"`
 
+	// Shared limits and results on Redis (sidecar/redis.go): several replicas in front
+	// of one Core share each route's bucket and the bridge's results.
+
+	// RedisURL is the Redis that replicas share, redis://[user:password@]host:port/db
+	// or rediss:// for TLS (go-redis's ParseURL syntax). Default none: each replica's
+	// buckets and results are its own.
+	RedisURL string `env:"REDIS_URL"`
+	// RedisPrefix starts every key mdproxy writes in Redis. Default mdproxy:.
+	RedisPrefix string `env:"REDIS_PREFIX" envDefault:"mdproxy:"`
+	// RedisTimeout bounds each Redis call (a limit decision, a result looked up or
+	// stored); one that misses it counts as Redis down. Default 50ms.
+	RedisTimeout time.Duration `env:"REDIS_TIMEOUT" envDefault:"50ms"`
+	// Replicas is how many replicas share the Redis: when Redis does not answer, each
+	// limits at its share of each limit (rate/Replicas). Default 1.
+	Replicas int `env:"REPLICAS" envDefault:"1"`
+
+	redisOpts *redis.Options // parsed RedisURL; nil when none
+
 	tlsLoaded tlsSettings
 }
 
@@ -204,6 +224,9 @@ var configWants = map[string]string{
 	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0 (e.g. 24h)",
 	"STORE_MAX_BYTES":       "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
 	"STORE_TTL":             "want a duration with its unit above 0 (e.g. 24h)",
+	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
+	"REDIS_TIMEOUT":         "want a duration with its unit above 0 (e.g. 50ms)",
+	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up (e.g. 2)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -274,6 +297,7 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	errs.Add(c.validateTLS(environ))
 	errs.Add(c.validateBridge(environ))
+	errs.Add(c.validateRedis(environ))
 	return errs.Err()
 }
 

@@ -54,8 +54,8 @@ var (
 	_ metrics.ClientKeysReporter = (*liveLimits)(nil)
 )
 
-// Bucket returns the bucket of route in the Set in force; nil when it is unlimited.
-func (l *liveLimits) Bucket(route string) *limiter.Bucket { return l.Load().Bucket(route) }
+// Limiter returns the Limiter of route in the Set in force; nil when it is unlimited.
+func (l *liveLimits) Limiter(route string) limiter.Limiter { return l.Load().Limiter(route) }
 
 // ClientKeys reports the per-client shares of the Set in force (see limiter.Set). A
 // share replaced by a reload starts from 0 keys and 0 untracked requests.
@@ -182,9 +182,9 @@ func (r *limitsReloader) reload(trigger string) {
 	}
 	r.log.Info("limits reloaded", "file", r.file, "trigger", trigger, "changed", changed)
 	for _, route := range changed {
-		l := next.Bucket(route).Limit()
+		l := next.Limit(route)
 		r.log.Info("route limit changed", "route", route, "rate_per_s", l.Rate, "burst", l.Burst,
-			"max_wait", l.MaxWait.String(), "client_limit", l.ClientLimit)
+			"max_wait", l.MaxWait.String(), "client_limit", l.ClientLimit, "dry_run", l.DryRun)
 	}
 	warnNoEffect(r.log, noEffect)
 }

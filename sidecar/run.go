@@ -66,8 +66,28 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	set, err := limiter.NewSet(cfg.Limits, nil,
-		limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log))
+	limitOpts := []limiter.Option{limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log)}
+	mode := func() limiter.Mode { return limiter.ModeLocal }
+	rdb := newRedisClient(cfg, metrics.NewRedis(reg))
+	if rdb != nil {
+		defer rdb.Close() // after everything that uses it has stopped
+		shared := limiter.NewRedis(rdb, limiter.RedisOptions{Prefix: cfg.RedisPrefix,
+			Timeout: cfg.RedisTimeout, Replicas: cfg.Replicas, Logger: log})
+		limitOpts = append(limitOpts, limiter.WithRedis(shared))
+		mode = shared.Mode
+		pctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			log.Warn("Redis does not answer yet: the first decisions will fall back to local buckets",
+				"redis", redactedRedisURL(cfg.RedisURL), "error", err.Error())
+		}
+		cancel()
+	}
+	modes := make([]string, len(limiter.Modes))
+	for i, md := range limiter.Modes {
+		modes[i] = md.String()
+	}
+	metrics.RegisterLimiterMode(reg, modes, func() string { return mode().String() })
+	set, err := limiter.NewSet(cfg.Limits, nil, limitOpts...)
 	if err != nil {
 		return &ConfigError{err}
 	}
@@ -140,6 +160,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	go func() { errc <- srv.Serve(pl) }()
 	go func() { errc <- admin.Serve(al) }()
 	br.serve(cfg, log, errc)
+	if rdb != nil {
+		log.Info("limits and results shared on Redis", "redis", redactedRedisURL(cfg.RedisURL),
+			"prefix", cfg.RedisPrefix, "timeout", cfg.RedisTimeout.String(), "replicas", cfg.Replicas)
+	}
 	version, revision, _ := metrics.BuildVersion()
 	log.Info("mdproxy serving", "listen", pl.Addr().String(), "tls", cfg.TLSCertFile != "", "admin", al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,

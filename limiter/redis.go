@@ -1,0 +1,331 @@
+package limiter
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Mode says where a process's limits are decided.
+type Mode int32
+
+const (
+	// ModeLocal: in the process, each replica on its own (no Redis configured).
+	ModeLocal Mode = iota
+	// ModeRedis: in Redis, shared by every replica on it.
+	ModeRedis
+	// ModeFallback: Redis is configured but did not answer; each replica decides with
+	// its local bucket at Rate/Replicas until Redis answers again.
+	ModeFallback
+)
+
+// Modes lists every Mode, for metrics that export one series a mode.
+var Modes = []Mode{ModeLocal, ModeRedis, ModeFallback}
+
+// String returns the mode's metric label: local, redis or fallback.
+func (m Mode) String() string {
+	switch m {
+	case ModeLocal:
+		return "local"
+	case ModeRedis:
+		return "redis"
+	case ModeFallback:
+		return "fallback"
+	}
+	return "unknown"
+}
+
+// RedisOptions tunes NewRedis. The zero value is usable.
+type RedisOptions struct {
+	// Prefix starts every key mdproxy writes ("mdproxy:" when empty). redis_rate puts
+	// its own "rate:" before the keys it keeps, so a route's bucket is the key
+	// "rate:<Prefix>limit:<route>" and a client's share
+	// "rate:<Prefix>client:<route>:<SHA-256 of the client key, 32 hex digits>".
+	Prefix string
+	// Timeout is the deadline of each Redis call of a decision (50 ms when 0). A call
+	// that misses it counts as Redis not answering.
+	Timeout time.Duration
+	// Replicas is how many replicas share the Redis (1 when 0): in fallback each one's
+	// local bucket runs at Rate/Replicas, Burst/Replicas (rounded down, at least 1) and
+	// ClientLimit/Replicas (rounded up), so that the replicas together stay within the
+	// configured limit.
+	Replicas int
+	// FailuresToFallback is how many Redis calls in a row must fail before the limits
+	// move to fallback (3 when 0). Each failed call decides its own request locally.
+	FailuresToFallback int
+	// RetryEvery is how long the limits stay in fallback before one request tries
+	// Redis again (1 s when 0); when it succeeds, they are shared again.
+	RetryEvery time.Duration
+	// Logger gets one line on each change of mode, never one per request (nil
+	// discards).
+	Logger *slog.Logger
+}
+
+// Redis decides the limits of every route in Redis, for all the replicas that use the
+// same Redis and Prefix: each route's token bucket and each client's share is a GCRA
+// (generic cell rate algorithm) of github.com/go-redis/redis_rate v10, whose state is
+// one key holding its theoretical arrival time, kept by a Lua script on Redis's own
+// clock and expired by Redis when the bucket is full again.
+//
+// It fails open, within bounds: a decision whose Redis call fails or misses Timeout is
+// taken by the route's local bucket instead (RedisBucket), and after
+// FailuresToFallback such calls in a row a circuit breaker (github.com/sony/gobreaker
+// v2) sends every decision to the local buckets, without asking Redis, until a request
+// sent after RetryEvery finds Redis answering. A Redis outage thus costs clients no
+// error and at most Timeout of latency on the calls that find it. Mode tells where
+// decisions go. A Redis is safe for concurrent use.
+type Redis struct {
+	rl   *redis_rate.Limiter
+	o    RedisOptions
+	cb   *gobreaker.CircuitBreaker[redisDecision]
+	mode atomic.Int32
+}
+
+// NewRedis returns the shared limits on rdb (a *redis.Client, or any
+// redis.UniversalClient) with o's settings; pass it to NewSet with WithRedis. It does
+// not contact Redis: the first decisions do, and move to fallback if it does not
+// answer. rdb should not retry on its own (MaxRetries -1): the breaker decides when to
+// try again.
+func NewRedis(rdb redis.UniversalClient, o RedisOptions) *Redis {
+	o.Prefix = cmpOr(o.Prefix, "mdproxy:")
+	o.Timeout = cmpOr(o.Timeout, 50*time.Millisecond)
+	o.Replicas = max(o.Replicas, 1)
+	o.FailuresToFallback = cmpOr(o.FailuresToFallback, 3)
+	o.RetryEvery = cmpOr(o.RetryEvery, time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Redis{rl: redis_rate.NewLimiter(rdb), o: o}
+	r.mode.Store(int32(ModeRedis))
+	r.cb = gobreaker.NewCircuitBreaker[redisDecision](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1, // one request tries Redis again after RetryEvery
+		Timeout:     o.RetryEvery,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(o.FailuresToFallback)
+		},
+		// A request whose client left while Redis answered says nothing of Redis.
+		IsExcluded:    func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(_ string, _, to gobreaker.State) { r.setMode(to) },
+	})
+	return r
+}
+
+// cmpOr returns v, or def when v is its type's zero value.
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// setMode follows the breaker's state: closed is ModeRedis, open and half-open are
+// ModeFallback. It logs a change of mode, not a change of state within fallback.
+func (r *Redis) setMode(s gobreaker.State) {
+	m := ModeFallback
+	if s == gobreaker.StateClosed {
+		m = ModeRedis
+	}
+	if Mode(r.mode.Swap(int32(m))) == m {
+		return
+	}
+	if m == ModeFallback {
+		r.o.Logger.Warn("limits in fallback: Redis does not answer, each replica decides alone at its share of each limit",
+			"replicas", r.o.Replicas, "timeout", r.o.Timeout.String(), "retry_every", r.o.RetryEvery.String())
+	} else {
+		r.o.Logger.Info("limits shared on Redis again")
+	}
+}
+
+// Mode returns ModeRedis or ModeFallback. Safe for concurrent use.
+func (r *Redis) Mode() Mode { return Mode(r.mode.Load()) }
+
+// bucket builds the RedisBucket of route for l, whose fallback is a local Bucket on
+// clock at the replica's share of l.
+func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Option) (*RedisBucket, error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
+	l = l.filled()
+	fallback, err := NewBucket(l.share(r.o.Replicas), clock, opts...)
+	if err != nil {
+		return nil, err
+	}
+	b := &RedisBucket{
+		r: r, limit: l, clock: clock, fallback: fallback,
+		routeKey:  r.o.Prefix + "limit:" + route,
+		clientPre: r.o.Prefix + "client:" + route + ":",
+	}
+	if l.Rate > 0 {
+		// Rate 1 per interval: any rate, fractions included, is one emission interval.
+		interval := time.Duration(float64(time.Second) / l.Rate)
+		// A request may wait up to MaxWait for its token: GCRA admits it when the
+		// bucket would be full enough within MaxWait, which is a bucket larger by the
+		// tokens that MaxWait brings, the surplus being the request's wait.
+		b.waitTokens = int(math.Floor(l.MaxWait.Seconds() * l.Rate))
+		b.interval = interval
+		b.global = redis_rate.Limit{Rate: 1, Period: interval, Burst: l.Burst + b.waitTokens}
+	}
+	if l.ClientLimit > 0 {
+		b.client = redis_rate.Limit{Rate: l.ClientLimit, Period: l.window(), Burst: l.ClientLimit}
+	}
+	return b, nil
+}
+
+// share is the part of l that one of replicas takes when they decide alone.
+func (l Limit) share(replicas int) Limit {
+	if replicas <= 1 {
+		return l
+	}
+	l.Rate /= float64(replicas)
+	if l.Burst > 0 {
+		l.Burst = max(1, l.Burst/replicas)
+	}
+	if l.ClientLimit > 0 {
+		l.ClientLimit = (l.ClientLimit + replicas - 1) / replicas
+	}
+	return l
+}
+
+// RedisBucket is the budget of one route shared on Redis: see Redis. Its decisions
+// differ from a Bucket's in three ways, all bounded: a request waiting for its token
+// that gives up gives its token back to the end of the line rather than to the request
+// behind it; MaxWait is counted in whole emission intervals (1/Rate), rounded down; and
+// the per-client share is a GCRA of ClientLimit per ClientWindow (burst ClientLimit)
+// rather than a sliding window. Safe for concurrent use.
+type RedisBucket struct {
+	r        *Redis
+	limit    Limit
+	clock    clockwork.Clock
+	fallback *Bucket // at the replica's share of limit
+
+	routeKey, clientPre string
+	global              redis_rate.Limit // zero when Rate == 0
+	client              redis_rate.Limit // zero when ClientLimit == 0
+	interval            time.Duration    // 1/Rate
+	waitTokens          int              // the tokens MaxWait brings, floor(MaxWait*Rate)
+}
+
+var _ Limiter = (*RedisBucket)(nil)
+
+// Limit returns the route's configuration, Burst filled in (not the fallback's share).
+func (b *RedisBucket) Limit() Limit { return b.limit }
+
+// redisDecision is a decision taken in Redis: d, and for a request that must wait, its
+// wait.
+type redisDecision struct {
+	d     Decision
+	delay time.Duration
+}
+
+// Acquire decides in Redis whether a request of client may go on; see Limiter. When
+// Redis does not answer within the timeout, or the limits are in fallback, the route's
+// local bucket decides.
+func (b *RedisBucket) Acquire(ctx context.Context, client string) Decision {
+	rd, err := b.r.cb.Execute(func() (redisDecision, error) { return b.decide(ctx, client) })
+	if err != nil {
+		if ctx.Err() != nil {
+			return Decision{Outcome: Canceled}
+		}
+		return b.fallback.Acquire(ctx, client)
+	}
+	if rd.delay <= 0 {
+		return rd.d
+	}
+	start := b.clock.Now()
+	t := b.clock.NewTimer(rd.delay)
+	defer t.Stop()
+	select {
+	case <-t.Chan():
+		return Decision{Outcome: Delayed, Waited: rd.delay}
+	case <-ctx.Done():
+		waited := b.clock.Since(start)
+		b.giveBack(ctx, client, true)
+		return Decision{Outcome: Canceled, Waited: waited}
+	}
+}
+
+// decide takes the decision for a request of client in Redis: the client's share first
+// (a request it refuses takes no token of the route), then the route's bucket (a
+// request it refuses is given back to its client's share).
+func (b *RedisBucket) decide(ctx context.Context, client string) (redisDecision, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.r.o.Timeout)
+	defer cancel()
+	if b.limit.ClientLimit > 0 {
+		res, err := b.r.rl.AllowN(ctx, b.clientKey(client), b.client, 1)
+		if err != nil {
+			return redisDecision{}, err
+		}
+		if res.Allowed == 0 {
+			return redisDecision{d: b.refuse(RejectedClient, res.RetryAfter)}, nil
+		}
+	}
+	if b.limit.Rate == 0 {
+		return redisDecision{d: Decision{Outcome: Allowed}}, nil
+	}
+	res, err := b.r.rl.AllowN(ctx, b.routeKey, b.global, 1)
+	if err != nil {
+		b.giveBack(ctx, client, false)
+		return redisDecision{}, err
+	}
+	if res.Allowed == 0 {
+		b.giveBack(ctx, client, false)
+		// RetryAfter is when the request would be let in to wait; its token is free
+		// the waitTokens' intervals after that.
+		return redisDecision{d: b.refuse(Rejected, res.RetryAfter+time.Duration(b.waitTokens)*b.interval)}, nil
+	}
+	// ResetAfter is when the route's bucket is full again; the request's token is free
+	// Burst intervals before that.
+	delay := res.ResetAfter - time.Duration(b.limit.Burst)*b.interval
+	if delay <= 0 || b.limit.DryRun {
+		return redisDecision{d: Decision{Outcome: Allowed}}, nil
+	}
+	return redisDecision{delay: delay}, nil
+}
+
+// refuse returns the rejection o with retryAfter, or WouldReject in a dry run.
+func (b *RedisBucket) refuse(o Outcome, retryAfter time.Duration) Decision {
+	if b.limit.DryRun {
+		return Decision{Outcome: WouldReject}
+	}
+	return Decision{Outcome: o, RetryAfter: retryAfter}
+}
+
+// giveBack returns, best effort and within the timeout, a request's count to its
+// client's share and, when route is true, its token to the route's bucket: a GCRA
+// step of cost -1, which redis_rate bounds so that a bucket never holds more than
+// full.
+func (b *RedisBucket) giveBack(ctx context.Context, client string, route bool) {
+	if b.limit.ClientLimit == 0 && !route {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.r.o.Timeout)
+	defer cancel()
+	if route {
+		_, _ = b.r.rl.AllowN(ctx, b.routeKey, b.global, -1)
+	}
+	if b.limit.ClientLimit > 0 {
+		_, _ = b.r.rl.AllowN(ctx, b.clientKey(client), b.client, -1)
+	}
+}
+
+// clientKey is the Redis key of client's share: a digest, so that Redis never holds
+// an apikey.
+func (b *RedisBucket) clientKey(client string) string {
+	sum := sha256.Sum256([]byte(client))
+	return b.clientPre + hex.EncodeToString(sum[:16])
+}

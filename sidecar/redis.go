@@ -1,0 +1,105 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/metrics"
+)
+
+// validateRedis checks MDPROXY_REDIS_URL, MDPROXY_REDIS_TIMEOUT and MDPROXY_REPLICAS,
+// and keeps the parsed URL. A bad URL is named without its value's password.
+func (c *Config) validateRedis(environ map[string]string) error {
+	var errs envconf.Errors
+	bad := func(name, want string) { errs.Add(envconf.Invalid(environ, EnvPrefix, name, want)) }
+	c.redisOpts = nil
+	if c.RedisURL != "" {
+		opts, err := redis.ParseURL(c.RedisURL)
+		if err != nil {
+			errs.Add(&envconf.Error{Var: EnvPrefix + "REDIS_URL", Value: redactedRedisURL(c.RedisURL), Want: configWants["REDIS_URL"]})
+		} else {
+			c.redisOpts = opts
+		}
+	}
+	if c.RedisTimeout <= 0 {
+		bad("REDIS_TIMEOUT", configWants["REDIS_TIMEOUT"])
+	}
+	if c.Replicas < 1 {
+		bad("REPLICAS", configWants["REPLICAS"])
+	}
+	return errs.Err()
+}
+
+// redactedRedisURL is u with any password replaced by "xxxxx", for logs and /config;
+// u itself when it does not parse as a URL with a password.
+func redactedRedisURL(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		rest := u[i+3:]
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			userinfo := rest[:at]
+			if user, _, ok := strings.Cut(userinfo, ":"); ok {
+				return u[:i+3] + user + ":xxxxx" + rest[at:]
+			}
+		}
+	}
+	return u
+}
+
+// newRedisClient returns the client of c's Redis, nil when none is configured: no
+// retries of its own (the limiter's breaker decides when to try again), every dial,
+// read, write and wait for a pooled connection bounded by MDPROXY_REDIS_TIMEOUT, and
+// each command timed and its failures counted in m.
+func newRedisClient(c *Config, m *metrics.Redis) *redis.Client {
+	if c.redisOpts == nil {
+		return nil
+	}
+	o := *c.redisOpts
+	o.MaxRetries = -1
+	o.DialTimeout = c.RedisTimeout
+	o.ReadTimeout = c.RedisTimeout
+	o.WriteTimeout = c.RedisTimeout
+	o.PoolTimeout = c.RedisTimeout
+	o.ContextTimeoutEnabled = true
+	o.DisableIdentity = true // no CLIENT SETINFO: Redis before 7.2 lacks it
+	rdb := redis.NewClient(&o)
+	rdb.AddHook(redisMetrics{m})
+	return rdb
+}
+
+// redisMetrics is a go-redis hook that times each command and counts its failures.
+type redisMetrics struct{ m *metrics.Redis }
+
+func (h redisMetrics) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h redisMetrics) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmd)
+		h.observe(cmd.Name(), start, err)
+		return err
+	}
+}
+
+func (h redisMetrics) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		h.observe("pipeline", start, err)
+		return err
+	}
+}
+
+// observe records one call of command that started at start and ended with err. A key
+// not found (redis.Nil) and a script not yet loaded (NOSCRIPT, which go-redis answers
+// by sending the script) are not failures.
+func (h redisMetrics) observe(command string, start time.Time, err error) {
+	h.m.Duration.WithLabelValues(command).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		h.m.Errors.WithLabelValues(command).Inc()
+	}
+}
