@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -66,10 +67,22 @@ func newRedisClient(c *Config, m *metrics.Redis) *redis.Client {
 	o.PoolTimeout = c.RedisTimeout
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true // no CLIENT SETINFO: Redis before 7.2 lacks it
+	o.DialerRetries = 1      // one dial a call: a refused one is a failed call at once
+	quietRedisLog.Do(func() { redis.SetLogger(discardRedisLog{}) })
 	rdb := redis.NewClient(&o)
 	rdb.AddHook(redisMetrics{m})
 	return rdb
 }
+
+// quietRedisLog silences go-redis's own log, once a process: it would write a line,
+// not JSON, for every failed dial while Redis is down; the limiter logs each change of
+// mode instead, and the metrics count the failures.
+var quietRedisLog sync.Once
+
+// discardRedisLog is a go-redis logger that writes nothing.
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
 
 // redisMetrics is a go-redis hook that times each command and counts its failures.
 type redisMetrics struct{ m *metrics.Redis }
