@@ -34,6 +34,8 @@ func TestRunConfigEndpoint(t *testing.T) {
 		"MDPROXY_SUBMIT_MAX_WAIT":            "1s", // no bucket: no effect
 		"MDPROXY_BATCH_STATUS_CLIENT_LIMIT":  "2",
 		"MDPROXY_BATCH_STATUS_CLIENT_WINDOW": "1m",
+		"MDPROXY_BATCH_STATUS_DRY_RUN":       "true",
+		"MDPROXY_REDIS_URL":                  "redis://:s3cret@127.0.0.1:1/0", // nothing listens: fallback
 	})
 	c := sidecartest.NewClient(t)
 	resp, err := c.Get(in.adminURL + "/config")
@@ -73,6 +75,8 @@ func TestRunConfigEndpoint(t *testing.T) {
 		"MDPROXY_LOG_LEVEL":             "info",
 		"MDPROXY_PPROF":                 false,
 		"MDPROXY_UPSTREAM_CA_FILE":      "",
+		"MDPROXY_REDIS_URL":             "redis://:xxxxx@127.0.0.1:1/0",
+		"MDPROXY_REPLICAS":              float64(1),
 	} {
 		if v := got.Variables[name]; !reflect.DeepEqual(v, want) {
 			t.Errorf("GET admin /config: %s = %#v, want %#v", name, v, want)
@@ -93,7 +97,7 @@ func TestRunConfigEndpoint(t *testing.T) {
 	for route, want := range map[string]routeLimit{
 		"file_result":  {Rate: 3, Burst: 3, MaxWait: "2s", ClientWindow: "0s"},
 		"hash_lookup":  {Rate: 10, Burst: 20, MaxWait: "0s", ClientLimit: 5, ClientWindow: "1s"},
-		"batch_status": {Rate: 2, Burst: 4, MaxWait: "0s", ClientLimit: 2, ClientWindow: "1m0s"},
+		"batch_status": {Rate: 2, Burst: 4, MaxWait: "0s", ClientLimit: 2, ClientWindow: "1m0s", DryRun: true},
 		"submit":       {MaxWait: "0s", ClientWindow: "0s"},
 		"other":        {MaxWait: "0s", ClientWindow: "0s"},
 	} {

@@ -97,6 +97,13 @@ func TestLoadConfigRanges(t *testing.T) {
 		{"MDPROXY_FILE_RESULT_MAX_WAIT", "-1s", ">= 0"},
 		{"MDPROXY_FILE_RESULT_CLIENT_LIMIT", "-1", ">= 0"},
 		{"MDPROXY_FILE_RESULT_CLIENT_WINDOW", "-1s", ">= 0"},
+		{"MDPROXY_FILE_RESULT_DRY_RUN", "maybe", "true or false"},
+		{"MDPROXY_REDIS_URL", "http://redis:6379", "redis:// or rediss://"},
+		{"MDPROXY_REDIS_URL", "redis://redis:6379/db", "redis:// or rediss://"},
+		{"MDPROXY_REDIS_TIMEOUT", "0s", "above 0"},
+		{"MDPROXY_REDIS_TIMEOUT", "50", "above 0"},
+		{"MDPROXY_REPLICAS", "0", "from 1 up"},
+		{"MDPROXY_REPLICAS", "two", "from 1 up"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			_, err := LoadConfig(map[string]string{tc.name: tc.value})
