@@ -130,7 +130,8 @@ func TestBridgeOverdueCoreError(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond})
+	clock := newFakeClock()
+	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func TestBridgeOverdueCoreError(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Submitted("pend", secret, bridge.OwnerOf(""))
-	time.Sleep(5 * time.Millisecond) // past Refresh: overdue
+	clock.Advance(5 * time.Millisecond) // past Refresh: overdue
 	front, _ := newTestProxy(t, upstream, func(o *Options) { o.Bridge = b })
 	c := newClient(t)
 	for i := range 2 {

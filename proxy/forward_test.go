@@ -782,11 +782,7 @@ func TestUpstreamResponsesCounted(t *testing.T) {
 		_, _ = io.WriteString(w, `{"err":"Server is too busy. Try again later."}`)
 	})
 	front, reg := newTestProxy(t, up, func(o *Options) {
-		set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Limits = set
+		o.Limits = limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, newFakeClock())
 	})
 	for _, path := range []string{"/file/a", "/file/b"} { // the second is the proxy's rejection
 		resp, err := http.Get(front + path)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -277,37 +279,36 @@ func closedAddr(t testing.TB) *url.URL {
 	return &url.URL{Scheme: "http", Host: addr}
 }
 
-// fakeClock is a settable clock for limiter.NewSet.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// testEpoch is where the tests' fake clocks start: a whole minute, so that every
+// per-client window of a second or a minute starts with the test.
+var testEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
+// newFakeClock returns a fake clock at testEpoch, for limiter.NewSet (and the bridge's
+// Now): time moves only when the test calls Advance, and a request waiting for a token
+// waits on one of its timers, which BlockUntilContext sees.
+func newFakeClock() *clockwork.FakeClock { return clockwork.NewFakeClockAt(testEpoch) }
 
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// limitSet builds a limiter.Set for limits on clock now (nil: time.Now), failing t on
-// an error.
-func limitSet(t testing.TB, limits map[string]limiter.Limit, now func() time.Time) *limiter.Set {
+// limitSet builds a limiter.Set for limits on clock (nil: the real clock), failing t
+// on an error.
+func limitSet(t testing.TB, limits map[string]limiter.Limit, clock clockwork.Clock) *limiter.Set {
 	t.Helper()
-	s, err := limiter.NewSet(limits, now)
+	s, err := limiter.NewSet(limits, clock)
 	if err != nil {
 		t.Fatalf("limiter.NewSet(%v) = %v", limits, err)
 	}
 	return s
+}
+
+// blockUntilWaiting returns once clock has n timers pending (requests waiting for a
+// token, per-client sweeps), failing t when that takes longWait: what a test waits for
+// before it advances the clock past a wait.
+func blockUntilWaiting(t testing.TB, clock *clockwork.FakeClock, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), longWait)
+	defer cancel()
+	if err := clock.BlockUntilContext(ctx, n); err != nil {
+		t.Fatalf("waiting for %d timers of the fake clock: %v", n, err)
+	}
 }
 
 // newClient returns an http.Client with its own transport (not http.DefaultTransport,

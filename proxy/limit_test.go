@@ -31,7 +31,7 @@ import (
 // answered 503.
 func TestConcurrentPollsBurst(t *testing.T) {
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 2}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 2}}, newFakeClock())
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 
 	const n = 50
@@ -81,62 +81,71 @@ func TestConcurrentPollsBurst(t *testing.T) {
 	waitMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "allowed"}, 2)
 }
 
-// TestFloodRealTime floods file_result (20/s, burst 5) from several goroutines for
-// about 2 s of real time: the accepted count is burst + rate×elapsed, within 3.
-func TestFloodRealTime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real-time flood of 2 s")
-	}
+// TestFloodConcurrent floods file_result (20/s, burst 5) from 8 goroutines at once over
+// 2 simulated seconds, on a fake clock advanced in steps of 50 ms (one token each):
+// within a step the goroutines race for the tokens until each is refused, and in all
+// exactly burst + rate×elapsed = 45 polls pass, every one of them reaching Core, the
+// rest answered 503.
+func TestFloodConcurrent(t *testing.T) {
 	const rate, burst = 20.0, 5
+	const workers, step, steps = 8, 50 * time.Millisecond, 40
+	clock := newFakeClock()
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: rate, Burst: burst}}, nil)
-	base, _ := newTestProxy(t, up, func(o *Options) { o.Limits = set })
-	client := keepAliveClient(t, 8)
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: rate, Burst: burst}}, clock)
+	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
+	client := keepAliveClient(t, workers)
 
 	var accepted, rejected, other atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Since(start) < 2*time.Second {
-				resp, err := client.Get(base + "/file/abc")
-				if err != nil {
-					other.Add(1)
-					continue
+	for i := 0; i <= steps; i++ {
+		if i > 0 {
+			clock.Advance(step)
+		}
+		// The clock stands still while the goroutines flood: once one is refused, the
+		// bucket is empty until the next step, and each goroutine stops at its first 503.
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for n := 0; n <= burst+1; n++ {
+					resp, err := client.Get(base + "/file/abc")
+					if err != nil {
+						other.Add(1)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case http.StatusOK:
+						accepted.Add(1)
+					case http.StatusServiceUnavailable:
+						rejected.Add(1)
+						return
+					default:
+						other.Add(1)
+						return
+					}
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case http.StatusOK:
-					accepted.Add(1)
-				case http.StatusServiceUnavailable:
-					rejected.Add(1)
-				default:
-					other.Add(1)
-				}
-			}
-		}()
+				other.Add(1) // more polls passed in one step than the bucket holds
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
-	elapsed := time.Since(start).Seconds()
 
+	elapsed := (steps * step).Seconds()
 	want := burst + rate*elapsed
-	got := float64(accepted.Load())
-	t.Logf("%.3f s: %v accepted, %d rejected, want %.1f", elapsed, got, rejected.Load(), want)
-	if got < want-3 || got > want+3 {
-		t.Errorf("accepted %v in %.3f s at %v/s burst %d, want %.1f ± 3", got, elapsed, rate, burst, want)
+	if got := float64(accepted.Load()); got != want {
+		t.Errorf("accepted %v over %v simulated s at %v/s burst %d, want %v", got, elapsed, rate, burst, want)
 	}
-	if rejected.Load() < 100 {
-		t.Errorf("only %d rejected: the flood did not keep the bucket empty", rejected.Load())
+	if got, want := rejected.Load(), int64(workers*(steps+1)); got != want {
+		t.Errorf("rejected %d, want %d: each goroutine refused once a step", got, want)
 	}
 	if other.Load() != 0 {
-		t.Errorf("%d requests failed or got another status", other.Load())
+		t.Errorf("%d requests failed, got another status or passed beyond the bucket", other.Load())
 	}
 	if up.n.Load() != accepted.Load() {
 		t.Errorf("upstream got %d, want the %d accepted", up.n.Load(), accepted.Load())
 	}
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "rejected"}, float64(rejected.Load()))
+	waitMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "allowed"}, want)
 }
 
 // TestFloodFakeClock floods file_result (2/s, burst 3) through HTTP over 10 simulated
@@ -146,7 +155,7 @@ func TestFloodFakeClock(t *testing.T) {
 	const rate, burst = 2.0, 3
 	clock := newFakeClock()
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: rate, Burst: burst}}, clock.now)
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: rate, Burst: burst}}, clock)
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 	client := keepAliveClient(t, 1)
 
@@ -154,7 +163,7 @@ func TestFloodFakeClock(t *testing.T) {
 	const step, steps = 100 * time.Millisecond, 100
 	for i := 0; i <= steps; i++ {
 		if i > 0 {
-			clock.advance(step)
+			clock.Advance(step)
 		}
 		for n := 0; ; n++ {
 			if n > 100 {
@@ -184,54 +193,65 @@ func TestFloodFakeClock(t *testing.T) {
 	}
 }
 
-// TestClientShareRealTime has two clients (apikeys) poll file_result 4 times a second
-// for 10 s with a per-client share of 2 per second and a generous global bucket: each
-// keeps getting about 2 a second, whatever the other does.
-func TestClientShareRealTime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real-time per-client share over 10 s")
-	}
+// TestClientShare has two clients (apikeys) poll file_result over 10 simulated seconds
+// with a per-client share of 2 per second and a generous global bucket, on a fake
+// clock advanced 250 ms at a time: one client polls 4 times a second, the other 12 (3
+// at each step, all at once). Each keeps getting about 2 a second, the same whatever the
+// other does, and every refusal is the client's share's.
+//
+// The polls are 100 ms out of step with the windows, as a real client's are: polls on
+// the windows' boundaries exactly (0, 250, 500, 750 ms) get 1.5 a second from the
+// sliding window's rounding (httprate's: an estimate of 1.5 counts as 2).
+func TestClientShare(t *testing.T) {
+	clock := newFakeClock()
+	clock.Advance(100 * time.Millisecond)
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 1000, Burst: 1000, ClientLimit: 2, ClientWindow: time.Second}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 1000, Burst: 1000, ClientLimit: 2, ClientWindow: time.Second}}, clock)
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
-	client := keepAliveClient(t, 2)
+	client := keepAliveClient(t, 4)
 
-	var wg sync.WaitGroup
-	results := make([]map[int]int, 2)
+	perStep := []int{1, 3} // polls of each client at each step
+	results := make([]map[int]int, len(perStep))
 	for c := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			codes := map[int]int{}
-			tick := time.NewTicker(250 * time.Millisecond)
-			defer tick.Stop()
-			for i := range 40 {
-				if i > 0 {
-					<-tick.C
-				}
-				req, _ := http.NewRequest(http.MethodGet, base+"/file/abc", nil)
-				req.Header.Set("apikey", fmt.Sprintf("key-%d", c))
-				resp, err := client.Do(req)
-				if err != nil {
-					codes[-1]++
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				codes[resp.StatusCode]++
-			}
-			results[c] = codes
-		}()
+		results[c] = map[int]int{}
 	}
-	wg.Wait()
+	const steps = 40
+	for i := range steps {
+		if i > 0 {
+			clock.Advance(250 * time.Millisecond)
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for c, n := range perStep {
+			for range n {
+				wg.Go(func() {
+					req, _ := http.NewRequest(http.MethodGet, base+"/file/abc", nil)
+					req.Header.Set("apikey", fmt.Sprintf("key-%d", c))
+					code := -1
+					if resp, err := client.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						code = resp.StatusCode
+					}
+					mu.Lock()
+					results[c][code]++
+					mu.Unlock()
+				})
+			}
+		}
+		wg.Wait()
+	}
 	for c, codes := range results {
 		t.Logf("client %d: %v", c, codes)
 		if codes[200] < 17 || codes[200] > 23 {
-			t.Errorf("client %d: %d of 40 accepted over 10 s at 2/s, want 17..23 (%v)", c, codes[200], codes)
+			t.Errorf("client %d: %d accepted over 10 s at 2/s, want 17..23 (%v)", c, codes[200], codes)
 		}
-		if codes[200]+codes[503] != 40 {
-			t.Errorf("client %d: statuses %v, want only 200 and 503", c, codes)
+		if sent := steps * perStep[c]; codes[200]+codes[503] != sent {
+			t.Errorf("client %d: statuses %v, want only 200 and 503 for its %d polls", c, codes, sent)
 		}
+	}
+	if results[0][200] != results[1][200] {
+		t.Errorf("accepted %d of client 0 (4/s) and %d of client 1 (12/s), want the same: each client's share is its own", results[0][200], results[1][200])
 	}
 	rej := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "rejected_client"})
 	if want := float64(results[0][503] + results[1][503]); rej != want {
@@ -240,6 +260,9 @@ func TestClientShareRealTime(t *testing.T) {
 	if got := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "rejected"}); got != 0 {
 		t.Errorf("limiter_decisions_total{file_result,rejected} = %v, want 0: the global bucket is generous", got)
 	}
+	if got, want := up.n.Load(), int64(results[0][200]+results[1][200]); got != want {
+		t.Errorf("upstream got %d, want the %d accepted", got, want)
+	}
 }
 
 // TestClientKeys checks the per-client share's key over HTTP: the apikey when present
@@ -247,7 +270,7 @@ func TestClientShareRealTime(t *testing.T) {
 // the same address, another port, shares it).
 func TestClientKeys(t *testing.T) {
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"file_result": {ClientLimit: 1, ClientWindow: time.Minute}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {ClientLimit: 1, ClientWindow: time.Minute}}, newFakeClock())
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 
 	// Each request on a new connection, so that the peer port differs.
@@ -308,7 +331,7 @@ func TestForwardedForFromUntrustedPeer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			up := &countingUpstream{}
-			set := limitSet(t, map[string]limiter.Limit{"file_result": {ClientLimit: 1, ClientWindow: time.Minute}}, nil)
+			set := limitSet(t, map[string]limiter.Limit{"file_result": {ClientLimit: 1, ClientWindow: time.Minute}}, newFakeClock())
 			base, _ := newTestProxy(t, up, func(o *Options) {
 				o.Limits = set
 				o.TrustedProxies = tt.trusted
@@ -335,7 +358,7 @@ func TestLimitResponse(t *testing.T) {
 			}
 			clock := newFakeClock()
 			up := &countingUpstream{}
-			set := limitSet(t, map[string]limiter.Limit{"batch_status": {Rate: 0.1, Burst: 1}}, clock.now)
+			set := limitSet(t, map[string]limiter.Limit{"batch_status": {Rate: 0.1, Burst: 1}}, clock)
 			base, reg := newTestProxy(t, up, func(o *Options) {
 				o.Limits = set
 				o.LimitStatus = status
@@ -352,7 +375,7 @@ func TestLimitResponse(t *testing.T) {
 				{7 * time.Second, "1"},
 				{499 * time.Millisecond, "1"},
 			} {
-				clock.advance(tc.advance)
+				clock.Advance(tc.advance)
 				resp, body := do(t, nil, http.MethodGet, base+"/file/batch/b1", nil)
 				if resp.StatusCode != want {
 					t.Fatalf("after %v: status = %d, want %d", tc.advance, resp.StatusCode, want)
@@ -375,7 +398,7 @@ func TestLimitResponse(t *testing.T) {
 				t.Errorf("requests_total{batch_status,code=%d} = %v, want 4", want, got)
 			}
 			// The token is back after 10 s in all: the next request passes.
-			clock.advance(2 * time.Millisecond)
+			clock.Advance(2 * time.Millisecond)
 			if resp, _ := do(t, nil, http.MethodGet, base+"/file/batch/b1", nil); resp.StatusCode != http.StatusOK {
 				t.Errorf("after 10 s: status = %d, want 200", resp.StatusCode)
 			}
@@ -398,7 +421,7 @@ func TestNewRejectsLimitStatus(t *testing.T) {
 // at once, without "100 Continue" first, and that Core sees nothing of it.
 func TestExpectContinueRejected(t *testing.T) {
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"submit": {Rate: 0.001, Burst: 1}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"submit": {Rate: 0.001, Burst: 1}}, newFakeClock())
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 
 	resp, err := http.Post(base+"/file", "application/octet-stream", strings.NewReader("hello"))
@@ -430,45 +453,102 @@ func TestExpectContinueRejected(t *testing.T) {
 }
 
 // TestDelayedWithinMaxWait checks that a request that finds no token waits for one
-// when it comes within MaxWait, and passes.
+// when it comes within MaxWait, and passes when its turn comes on the bucket's clock:
+// with 20/s and burst 1, two polls sent after the first wait 50 and 100 ms, each
+// released, in turn, by the clock reaching it, and none of them sooner.
 func TestDelayedWithinMaxWait(t *testing.T) {
+	clock := newFakeClock()
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"hash_lookup": {Rate: 20, Burst: 1, MaxWait: 5 * time.Second}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"hash_lookup": {Rate: 20, Burst: 1, MaxWait: 5 * time.Second}}, clock)
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
-	for i := range 3 {
-		if resp, _ := do(t, nil, http.MethodGet, base+"/hash/abc", nil); resp.StatusCode != http.StatusOK {
-			t.Errorf("request %d: status = %d, want 200", i, resp.StatusCode)
+	client := keepAliveClient(t, 2)
+	if resp, _ := do(t, client, http.MethodGet, base+"/hash/abc", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: status = %d, want 200", resp.StatusCode)
+	}
+
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := client.Get(base + "/hash/abc")
+			if err != nil {
+				t.Errorf("waiting request: %v", err)
+				codes <- -1
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	blockUntilWaiting(t, clock, 2) // both wait on the clock's timers
+	released := func(at string, want int) {
+		t.Helper()
+		for range want {
+			select {
+			case code := <-codes:
+				if code != http.StatusOK {
+					t.Errorf("waiting request released at %s: status = %d, want 200", at, code)
+				}
+			case <-time.After(longWait):
+				t.Fatalf("at %s: a waiting request was not released", at)
+			}
+		}
+		select {
+		case code := <-codes:
+			t.Fatalf("at %s: a request answered %d before its turn", at, code)
+		default:
 		}
 	}
+	clock.Advance(49 * time.Millisecond)
+	released("49 ms", 0)
+	clock.Advance(time.Millisecond)
+	released("50 ms", 1)
+	clock.Advance(49 * time.Millisecond)
+	released("99 ms", 0)
+	clock.Advance(time.Millisecond)
+	released("100 ms", 1)
+
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "hash_lookup", "code": "200"}, 3)
 	if up.n.Load() != 3 {
 		t.Errorf("upstream got %d, want 3", up.n.Load())
 	}
-	allowed := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "allowed"})
-	delayed := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "delayed"})
-	if allowed+delayed != 3 || delayed < 1 {
-		t.Errorf("decisions allowed %v, delayed %v, want 3 in all and at least 1 delayed", allowed, delayed)
-	}
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "allowed"}, 1)
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "delayed"}, 2)
 }
 
 // TestCanceledWhileWaiting checks that a client that leaves while its request waits for
-// a token is counted as canceled and 499, and that Core never sees the request.
+// a token is counted as canceled and 499, that Core never sees the request, and that
+// its token is given back: once the clock reaches the turn it held, a new request
+// passes at once.
 func TestCanceledWhileWaiting(t *testing.T) {
+	clock := newFakeClock()
 	up := &countingUpstream{}
-	set := limitSet(t, map[string]limiter.Limit{"hash_lookup": {Rate: 0.1, Burst: 1, MaxWait: 30 * time.Second}}, nil)
+	set := limitSet(t, map[string]limiter.Limit{"hash_lookup": {Rate: 0.1, Burst: 1, MaxWait: 30 * time.Second}}, clock)
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 	if resp, _ := do(t, nil, http.MethodGet, base+"/hash/abc", nil); resp.StatusCode != http.StatusOK {
 		t.Fatalf("first request: status = %d, want 200", resp.StatusCode)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/hash/abc", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err == nil {
-		resp.Body.Close()
-		t.Fatalf("waiting request: status %d, want the client's deadline to end it", resp.StatusCode)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("waiting request: %v, want context deadline exceeded", err)
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/hash/abc", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		done <- err
+	}()
+	blockUntilWaiting(t, clock, 1) // it waits for its token, 10 s away
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("waiting request: %v, want the client's cancellation to end it", err)
+		}
+	case <-time.After(longWait):
+		t.Fatal("waiting request did not end when its client left")
 	}
 	waitMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "canceled"}, 1)
 	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "hash_lookup", "code": "499"}, 1)
@@ -476,6 +556,15 @@ func TestCanceledWhileWaiting(t *testing.T) {
 	if up.n.Load() != 1 {
 		t.Errorf("upstream got %d, want 1", up.n.Load())
 	}
+
+	// The canceled request's turn, 10 s after the first, is free again: a request then
+	// is allowed at once rather than waiting another 10 s.
+	clock.Advance(10 * time.Second)
+	if resp, _ := do(t, nil, http.MethodGet, base+"/hash/abc", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("request after 10 s: status = %d, want 200", resp.StatusCode)
+	}
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "allowed"}, 2)
+	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "delayed"}, 0)
 }
 
 // TestLimitGauges checks that the limit gauges show each route's configured limit,
@@ -486,7 +575,7 @@ func TestLimitGauges(t *testing.T) {
 		"hash_lookup":  {Rate: 9.2},
 		"batch_status": {Rate: 0.5},
 		"other":        {Rate: 100, Burst: 200, MaxWait: 2 * time.Second},
-	}, nil)
+	}, newFakeClock())
 	var m *metrics.Metrics
 	newTestProxy(t, &countingUpstream{}, func(o *Options) { o.Limits = set; m = o.Metrics })
 	tests := []struct {
@@ -533,7 +622,7 @@ func TestMetricsCardinality(t *testing.T) {
 		"file_result":  {Rate: 1e6, Burst: 1e6},
 		"hash_lookup":  {Rate: 0.001, Burst: 1},
 		"batch_status": {ClientLimit: 1, ClientWindow: time.Minute},
-	}, nil)
+	}, newFakeClock())
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 	client := keepAliveClient(t, 8)
 
@@ -624,7 +713,7 @@ func TestMetricsCardinality(t *testing.T) {
 	allowed := map[string]map[string]bool{
 		"route":    routes,
 		"method":   methods,
-		"decision": setOf("allowed", "delayed", "rejected", "rejected_client", "canceled"),
+		"decision": setOf("allowed", "delayed", "rejected", "rejected_client", "canceled", "would_reject"),
 		"kind":     setOf(metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther),
 		"result":   setOf(metrics.ReloadSuccess, metrics.ReloadError),
 	}
@@ -632,7 +721,7 @@ func TestMetricsCardinality(t *testing.T) {
 	secretSet := setOf(secrets...)
 	maxSeries := map[string]int{
 		"mdproxy_requests_total":            len(routes) * len(methods) * 4,
-		"mdproxy_limiter_decisions_total":   len(routes) * 5,
+		"mdproxy_limiter_decisions_total":   len(routes) * 6,
 		"mdproxy_upstream_errors_total":     len(routes) * 5,
 		"mdproxy_request_duration_seconds":  len(routes),
 		"mdproxy_upstream_duration_seconds": len(routes),
@@ -701,6 +790,7 @@ func TestMetricsCardinality(t *testing.T) {
 // use the new bucket, a route whose bucket is kept keeps its state, and the limit
 // gauges follow.
 func TestSetLimits(t *testing.T) {
+	clock := newFakeClock()
 	up := &countingUpstream{}
 	u, err := url.Parse("http://upstream.invalid")
 	if err != nil {
@@ -711,7 +801,7 @@ func TestSetLimits(t *testing.T) {
 		// A second poll waits half a second for its token: a wait the swap happens in.
 		"file_result": {Rate: 2, Burst: 1, MaxWait: 10 * time.Second},
 		"hash_lookup": {Rate: 0.001, Burst: 1},
-	}, nil)
+	}, clock)
 	p, err := New(Options{
 		Upstream: u, Metrics: metrics.New(reg), Limits: old,
 		Transport: inMemoryUpstream(func(r *http.Request) (*http.Response, error) {
@@ -739,7 +829,7 @@ func TestSetLimits(t *testing.T) {
 	}
 	waiter := make(chan int, 1)
 	go func() { waiter <- serve("/file/b") }()
-	mustWaitMetric(t, reg, "mdproxy_in_flight_requests", map[string]string{"route": "file_result"}, 1)
+	blockUntilWaiting(t, clock, 1) // it waits on the old bucket, half a second from its token
 
 	next, changed, err := old.Update(map[string]limiter.Limit{
 		"file_result":  {Rate: 0.001, Burst: 3},
@@ -766,7 +856,14 @@ func TestSetLimits(t *testing.T) {
 	if code := serve("/hash/" + strings.Repeat("b", 32)); code != http.StatusServiceUnavailable {
 		t.Errorf("hash look-up after SetLimits = %d, want 503: its unchanged bucket is kept, empty", code)
 	}
-	// The poll that waited on the old bucket got its token there.
+	// The poll that waited on the old bucket is still waiting there, and gets its token
+	// when the clock reaches it.
+	select {
+	case code := <-waiter:
+		t.Fatalf("poll waiting across SetLimits = %d before its turn came", code)
+	default:
+	}
+	clock.Advance(500 * time.Millisecond)
 	select {
 	case code := <-waiter:
 		if code != http.StatusOK {
@@ -806,4 +903,199 @@ func TestSetLimits(t *testing.T) {
 			t.Errorf("limit rate of %s after SetLimits(nil) = %v, want 0", route, got)
 		}
 	}
+}
+
+// TestDryRunFlood floods file_result with n polls from 8 goroutines against a loopback
+// Core, on a fake clock that stands still, under limits that take 1 to 3 of them. In a
+// dry run every poll gets Core's answer, none the limit's, and what the limit would
+// have refused is counted would_reject (a would-be wait goes at once, counted allowed,
+// and takes its turn); the same flood with the limit enforced is refused.
+func TestDryRunFlood(t *testing.T) {
+	const n = 40
+	tests := []struct {
+		name      string
+		limit     limiter.Limit
+		bridge    bool               // the polls go through the bridge (Options.Bridge)
+		passed    int                // polls answered by Core; the others get 503
+		decisions map[string]float64 // every other decision 0
+	}{
+		{"dry run", limiter.Limit{Rate: 0.5, Burst: 1, DryRun: true}, false,
+			n, map[string]float64{"allowed": 1, "would_reject": n - 1}},
+		{"enforced", limiter.Limit{Rate: 0.5, Burst: 1}, false,
+			1, map[string]float64{"allowed": 1, "rejected": n - 1}},
+		// 2 s a token, MaxWait 5 s: after the first, two would wait (2 and 4 s) and go
+		// at once; the rest would wait 6 s or more, and would be rejected.
+		{"dry run, would wait", limiter.Limit{Rate: 0.5, Burst: 1, MaxWait: 5 * time.Second, DryRun: true}, false,
+			n, map[string]float64{"allowed": 3, "would_reject": n - 3}},
+		{"dry run, client share", limiter.Limit{ClientLimit: 3, ClientWindow: time.Minute, DryRun: true}, false,
+			n, map[string]float64{"allowed": 3, "would_reject": n - 3}},
+		{"enforced, client share", limiter.Limit{ClientLimit: 3, ClientWindow: time.Minute}, false,
+			3, map[string]float64{"allowed": 3, "rejected_client": n - 3}},
+	}
+	// The same floods through the bridge, which asks Core about ids it does not know
+	// under the route's limit.
+	for _, tt := range tests[:2] {
+		tt.name += ", bridge"
+		tt.bridge = true
+		tests = append(tests, tt)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newFakeClock()
+			up := &countingUpstream{}
+			set := limitSet(t, map[string]limiter.Limit{"file_result": tt.limit}, clock)
+			base, reg := newTestProxy(t, up, func(o *Options) {
+				o.Limits = set
+				if tt.bridge {
+					o.Bridge = newTestBridge(t)
+				}
+			})
+			client := keepAliveClient(t, 8)
+			client.Timeout = longWait // a poll held on the clock, which never moves, fails
+
+			type answer struct {
+				code       int
+				body       string
+				retryAfter string
+			}
+			answers := make(chan answer, n)
+			work := make(chan int, n)
+			for i := range n {
+				work <- i
+			}
+			close(work)
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for i := range work {
+						req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/file/id%d", base, i), nil)
+						req.Header.Set("apikey", "one-client")
+						resp, err := client.Do(req)
+						if err != nil {
+							t.Errorf("poll %d: %v", i, err)
+							continue
+						}
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						answers <- answer{resp.StatusCode, string(b), resp.Header.Get("Retry-After")}
+					}
+				})
+			}
+			wg.Wait()
+			close(answers)
+
+			passed, limited := 0, 0
+			for a := range answers {
+				switch {
+				case a.code == http.StatusOK && a.body == "ok" && a.retryAfter == "":
+					passed++
+				case a.code == http.StatusServiceUnavailable && a.retryAfter != "" && strings.Contains(a.body, "file_result"):
+					limited++
+				default:
+					t.Errorf("poll answered %d %q (Retry-After %q), want Core's 200 \"ok\" or the limit's 503", a.code, a.body, a.retryAfter)
+				}
+			}
+			if passed != tt.passed || limited != n-tt.passed {
+				t.Errorf("%d polls: %d got Core's answer and %d the limit's 503, want %d and %d", n, passed, limited, tt.passed, n-tt.passed)
+			}
+			if got := up.n.Load(); got != int64(tt.passed) {
+				t.Errorf("Core got %d polls, want %d", got, tt.passed)
+			}
+			for o := range limiter.Outcome(limiter.Outcomes) {
+				checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": o.String()}, tt.decisions[o.String()])
+			}
+			waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "200"}, float64(tt.passed))
+			checkMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "503"}, float64(n-tt.passed))
+		})
+	}
+}
+
+// stubLimiter is a limiter.Limiter of the test's own that decides every request alike,
+// and records the client keys it is asked about.
+type stubLimiter struct {
+	decision limiter.Decision
+	limit    limiter.Limit
+
+	mu      sync.Mutex
+	clients []string
+}
+
+func (l *stubLimiter) Acquire(_ context.Context, client string) limiter.Decision {
+	l.mu.Lock()
+	l.clients = append(l.clients, client)
+	l.mu.Unlock()
+	return l.decision
+}
+
+func (l *stubLimiter) Limit() limiter.Limit { return l.limit }
+
+func (l *stubLimiter) asked() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.clients)
+}
+
+// stubLimits gives each route the Limiter of the map; a route not in it is unlimited.
+type stubLimits map[string]limiter.Limiter
+
+func (m stubLimits) Limiter(route string) limiter.Limiter { return m[route] }
+
+// TestCustomLimiter checks the proxy's seam to the limiter: whatever Limiter a Limits
+// gives a route, the proxy asks it once a request, with the client key when its Limit
+// has a per-client share, and follows its decision: a rejection is the limit status
+// with the Retry-After it says and nothing sent to Core, any passing decision is
+// forwarded, and the limit gauges show its Limit.
+func TestCustomLimiter(t *testing.T) {
+	reject := &stubLimiter{
+		decision: limiter.Decision{Outcome: limiter.Rejected, RetryAfter: 3 * time.Second},
+		limit:    limiter.Limit{Rate: 7, Burst: 9, ClientLimit: 1},
+	}
+	rejectClient := &stubLimiter{decision: limiter.Decision{Outcome: limiter.RejectedClient, RetryAfter: 90 * time.Second}}
+	wouldReject := &stubLimiter{decision: limiter.Decision{Outcome: limiter.WouldReject}}
+	delayed := &stubLimiter{decision: limiter.Decision{Outcome: limiter.Delayed, Waited: time.Second}}
+	up := &recordingUpstream{}
+	base, reg := newTestProxy(t, up, func(o *Options) {
+		o.Limits = stubLimits{
+			"file_result":  reject,
+			"hash_lookup":  rejectClient,
+			"batch_status": wouldReject,
+			"stat":         delayed,
+		}
+	})
+	client := keepAliveClient(t, 1)
+	tests := []struct {
+		path, route string
+		lim         *stubLimiter // nil: unlimited
+		code        int
+		retryAfter  string
+		body        string // a part of it
+		client      string // the key the limiter is asked about
+	}{
+		{"/file/x", "file_result", reject, http.StatusServiceUnavailable, "3", "route file_result", "apikey:alpha"},
+		{"/hash/abc", "hash_lookup", rejectClient, http.StatusServiceUnavailable, "90", "this client on route hash_lookup", ""},
+		{"/file/batch/b1", "batch_status", wouldReject, http.StatusOK, "", "ok", ""},
+		{"/stat/nodes", "stat", delayed, http.StatusOK, "", "ok", ""},
+		{"/version", "version", nil, http.StatusOK, "", "ok", ""},
+	}
+	for _, tt := range tests {
+		resp, body := do(t, client, http.MethodGet, base+tt.path, http.Header{"Apikey": {"alpha"}})
+		if resp.StatusCode != tt.code || resp.Header.Get("Retry-After") != tt.retryAfter || !strings.Contains(body, tt.body) {
+			t.Errorf("GET %s = %d %q (Retry-After %q), want %d with %q (Retry-After %q)",
+				tt.path, resp.StatusCode, body, resp.Header.Get("Retry-After"), tt.code, tt.body, tt.retryAfter)
+		}
+		if tt.lim != nil {
+			if got := tt.lim.asked(); !slices.Equal(got, []string{tt.client}) {
+				t.Errorf("GET %s: the route's limiter was asked about %q, want once about %q", tt.path, got, tt.client)
+			}
+			checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": tt.route, "decision": tt.lim.decision.Outcome.String()}, 1)
+		} else {
+			checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": tt.route, "decision": "allowed"}, 1)
+		}
+	}
+	if got, want := up.requests(), []string{"GET /file/batch/b1", "GET /stat/nodes", "GET /version"}; !slices.Equal(got, want) {
+		t.Errorf("Core got %q, want %q: the rejected requests reached it, or a passed one did not", got, want)
+	}
+	checkMetric(t, reg, "mdproxy_limit_rate_requests_per_second", map[string]string{"route": "file_result"}, 7)
+	checkMetric(t, reg, "mdproxy_limit_burst_requests", map[string]string{"route": "file_result"}, 9)
+	checkMetric(t, reg, "mdproxy_limit_rate_requests_per_second", map[string]string{"route": "version"}, 0)
 }

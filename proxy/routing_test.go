@@ -108,10 +108,7 @@ func TestRouteTableCoversNames(t *testing.T) {
 // is rejected with 503 and counted as a file_result rejection, and none reaches Core.
 func TestPathVariantsShareBucket(t *testing.T) {
 	up := &recordingUpstream{}
-	set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, newFakeClock())
 	base, reg := newTestProxy(t, up, func(o *Options) { o.Limits = set })
 
 	if resp, _ := do(t, nil, http.MethodGet, base+"/file/x", nil); resp.StatusCode != http.StatusOK {
