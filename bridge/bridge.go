@@ -8,6 +8,13 @@
 // the final result to Handler, the callback listener. Results are kept in a Store, by
 // data_id, with the submitter's Owner.
 //
+// Several replicas may share one Store (RedisStore, issue 12): each records its
+// submissions there as well as in its own memory, so that a poll reaching another
+// replica is answered as the submitting one would (the result once stored by whichever
+// replica took Core's callback, the pending answer before, Core asked only when the
+// callback looks overdue from the shared submission time). Callback secrets stay with the
+// replica that gave them out: Core calls back the URL it was given.
+//
 // Security model: a callback is accepted only on the secret path made for its
 // submission (at least 128 bits from crypto/rand, found by its SHA-256 and compared in
 // constant time), with the data_id recorded for that secret, once, and only a final
@@ -120,8 +127,12 @@ type Bridge struct {
 	log        *slog.Logger
 
 	mu       sync.Mutex
-	pending  map[string]*pendingEntry   // by data_id
+	pending  map[string]*pendingEntry   // this replica's submissions, by data_id
 	bySecret map[[32]byte]*pendingEntry // the same entries, by the SHA-256 of their secret
+	// shared holds, by data_id, the ids another replica submitted (the store's pending
+	// ids) that polls here met: what this replica asked and learnt of them. The store's
+	// word decides whether one is still pending; always empty with a MemoryStore.
+	shared map[string]*pendingEntry
 	// lastCallback is when the last callback was stored; zero: none yet.
 	lastCallback time.Time
 	// missedCallback is when Core last answered a question about a pending id with its
@@ -153,6 +164,8 @@ type pendingEntry struct {
 	lastType string
 	// asked is when Poll last answered Overdue; zero: never.
 	asked time.Time
+	// shared: another replica's submission, known from the store (no secret here).
+	shared bool
 }
 
 // issuedEntry is a secret given out by Callback whose submission is not recorded yet.
@@ -200,6 +213,7 @@ func New(o Options) (*Bridge, error) {
 		log:        o.Logger,
 		pending:    map[string]*pendingEntry{},
 		bySecret:   map[[32]byte]*pendingEntry{},
+		shared:     map[string]*pendingEntry{},
 		issued:     map[[32]byte]*issuedEntry{},
 	}
 	if b.now == nil {
@@ -269,9 +283,15 @@ func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
 // returned it), now. A dataID already pending is replaced, its old secret no longer
 // accepted. If Core's callback for secret came first (see Handler) and names dataID, its
 // result is stored for owner at once instead.
+//
+// The store is told first (Store.PutPending, which a shared store bounds by its
+// timeout), before the id is pending here: a callback that comes meanwhile is held as an
+// early one, so that the result it stores always comes after the store's pending id and
+// ends it.
 func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 	now := b.now()
 	h := sha256.Sum256([]byte(secret))
+	b.store.PutPending(dataID, PendingID{Owner: owner, Submitted: now})
 	b.mu.Lock()
 	if old := b.pending[dataID]; old != nil {
 		b.dropLocked(old)
@@ -309,6 +329,12 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 
 // dropLocked forgets e. b.mu must be held.
 func (b *Bridge) dropLocked(e *pendingEntry) {
+	if e.shared {
+		if b.shared[e.dataID] == e {
+			delete(b.shared, e.dataID)
+		}
+		return
+	}
 	if b.pending[e.dataID] == e {
 		delete(b.pending, e.dataID)
 	}
@@ -325,11 +351,52 @@ func (b *Bridge) sweepLocked(now time.Time) {
 		return
 	}
 	b.lastSweep = now
-	for _, e := range b.pending {
-		if now.Sub(e.submitted) > b.pendingTTL {
-			b.dropLocked(e)
+	for _, m := range []map[string]*pendingEntry{b.pending, b.shared} {
+		for _, e := range m {
+			if now.Sub(e.submitted) > b.pendingTTL {
+				b.dropLocked(e)
+			}
 		}
 	}
+}
+
+// entryLocked returns the pending entry of dataID: this replica's submission, or
+// another's that the store (se, its Lookup) holds pending; nil if neither. A shared
+// entry the store no longer holds is forgotten, and one it holds anew (another owner or
+// submission time) replaces the old. b.mu must be held.
+func (b *Bridge) entryLocked(dataID string, se Entry) *pendingEntry {
+	if e := b.pending[dataID]; e != nil {
+		return e
+	}
+	e := b.shared[dataID]
+	if !se.IsPending {
+		if e != nil {
+			b.dropLocked(e)
+		}
+		return nil
+	}
+	p := se.Pending
+	if e == nil || e.owner != p.Owner || !e.submitted.Equal(p.Submitted) {
+		e = &pendingEntry{
+			dataID:    dataID,
+			owner:     p.Owner,
+			submitted: p.Submitted,
+			last:      InProgress(dataID),
+			lastType:  jsonType,
+			shared:    true,
+		}
+		b.shared[dataID] = e
+	}
+	return e
+}
+
+// knownLocked returns the pending entry of dataID as this replica knows it, without
+// asking the store: its own, or a shared one a poll met. b.mu must be held.
+func (b *Bridge) knownLocked(dataID string) *pendingEntry {
+	if e := b.pending[dataID]; e != nil {
+		return e
+	}
+	return b.shared[dataID]
 }
 
 // Source says where the answer to a poll comes from.
@@ -379,14 +446,22 @@ type Answer struct {
 //
 // Only callbacks that were stored count as arrived, so forged ones cannot hold back the
 // questions to Core. A stored hit takes no lock of the bridge.
+//
+// With a shared store, an id another replica submitted and the store holds pending is
+// answered here as there: Pending (InProgress, or Core's last reply to a poll here), and
+// Overdue by the same rules from the shared submission time, with this replica's own
+// record of callbacks and questions (each replica asks Core at most once per Refresh per
+// id). The store is asked once a poll (Store.Lookup); when it cannot answer, only this
+// replica's own submissions are known.
 func (b *Bridge) Poll(dataID string, owner Owner) Answer {
-	if r, ok := b.store.Get(dataID); ok && r.Owner == owner {
-		return Answer{Source: Stored, Body: r.Body, ContentType: r.ContentType}
+	se := b.store.Lookup(dataID)
+	if se.Stored && se.Result.Owner == owner {
+		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
 	}
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.pending[dataID]
+	e := b.entryLocked(dataID, se)
 	if e == nil || e.owner != owner {
 		return Answer{Source: Miss}
 	}
@@ -440,26 +515,32 @@ func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
 // owner or a result of another owner is stored for it: then nothing changes, so that a
 // client polling an id it did not submit (Core let it) cannot take the submitter's place.
 // A body that is not a JSON object in Core's result format is ignored. body is copied.
+//
+// With a shared store, an id pending there for another owner is kept for it as one
+// pending here. Only a final result for one of this replica's own submissions counts as
+// a callback missed (see Poll): another replica's callbacks are its own business.
 func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType string) {
 	r, err := parseResult(body)
 	if err != nil {
 		return
 	}
 	if r.final() {
+		se := b.store.Lookup(dataID)
 		b.mu.Lock()
-		e := b.pending[dataID]
+		e := b.entryLocked(dataID, se)
 		b.mu.Unlock()
 		if e != nil && e.owner != owner {
 			return // the submitter's callback is still to come: keep its place
 		}
-		if old, ok := b.store.Get(dataID); ok && old.Owner != owner {
+		if se.Stored && se.Result.Owner != owner {
 			return // do not take the submitter's result from it
 		}
-		// Stored before the pending entry goes, so that a poll meanwhile finds one.
+		// Stored before the pending entry goes, so that a poll meanwhile finds one; the
+		// store's pending id goes with the Put.
 		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
 		if e != nil {
 			b.mu.Lock()
-			if b.pending[dataID] == e {
+			if !e.shared && b.pending[dataID] == e {
 				b.missedCallback = b.now() // a final result, and no callback for it
 			}
 			b.dropLocked(e)
@@ -469,7 +550,7 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if e := b.pending[dataID]; e != nil && e.owner == owner {
+	if e := b.knownLocked(dataID); e != nil && e.owner == owner {
 		e.last = bytes.Clone(body)
 		e.lastType = contentType
 	}
@@ -482,7 +563,7 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 func (b *Bridge) NotAsked(dataID string, owner Owner) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if e := b.pending[dataID]; e != nil && e.owner == owner {
+	if e := b.knownLocked(dataID); e != nil && e.owner == owner {
 		e.asked = time.Time{}
 	}
 }
@@ -497,16 +578,24 @@ func (b *Bridge) CallbackPrefix() string { return b.base + CallbackPath }
 // the scan (it restarted, or its retention passed), so no callback will come. A pending
 // id of that owner is forgotten, and its next polls go to Core, which answers them as it
 // did; waiting for a callback until PendingTTL would answer "in progress" for a day.
-// Safe for concurrent use.
+// A shared store forgets it too (Store.DropPending), so that the other replicas' polls
+// go to Core as well; a replica that submitted it keeps its own record until Core
+// answers its own question with 404. Safe for concurrent use.
 func (b *Bridge) Gone(dataID string, owner Owner) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e := b.pending[dataID]; e != nil && e.owner == owner {
+	e := b.knownLocked(dataID)
+	known := e != nil && e.owner == owner
+	if known {
 		b.dropLocked(e)
+	}
+	b.mu.Unlock()
+	if known {
+		b.store.DropPending(dataID, owner)
 	}
 }
 
-// PendingLen returns the number of pending ids, after dropping those older than
+// PendingLen returns the number of pending ids this replica submitted (not the ones of
+// other replicas a shared store holds), after dropping those older than
 // PendingTTL if a sweep is due (and forgetting the secrets given out and not submitted
 // for issuedTTL).
 func (b *Bridge) PendingLen() int {

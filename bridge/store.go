@@ -31,16 +31,47 @@ type Result struct {
 	Owner       Owner
 }
 
-// Store holds final results by data_id. Safe for concurrent use. Another
-// implementation (Redis) will come later.
+// PendingID is a submission awaiting Core's callback as a shared Store keeps it, so that
+// every replica knows it: its submitter's Owner and when it was submitted, by the clock
+// of the replica that took the submission (replicas' clocks are assumed to agree within
+// far less than Options.Refresh).
+type PendingID struct {
+	Owner     Owner
+	Submitted time.Time
+}
+
+// Entry is what a Store holds for a data_id (Lookup): a final result when Stored, and
+// a pending submission when IsPending. Should both be set, the result wins.
+type Entry struct {
+	Result    Result
+	Stored    bool
+	Pending   PendingID
+	IsPending bool
+}
+
+// Store holds final results by data_id and, when several replicas share it, the ids
+// they submitted that await Core's callback. Safe for concurrent use. MemoryStore keeps
+// results in the process and no pending ids (its Bridge keeps its own); RedisStore
+// keeps both in Redis, shared by every replica that uses the same Redis and prefix.
 //
 // Get returns the result put for dataID, unless it expired or was evicted. Put keeps r
-// for dataID, replacing any earlier result; a store may decline to keep it (too large,
-// or unreachable), so a Put never promises a later Get. Len is the number of entries and
-// Bytes the bytes held (bodies and keys, roughly, with a per-entry overhead).
+// for dataID, replacing any earlier result, and ends dataID's pending id if the store
+// keeps one (also when it declines r); a store may decline to keep r (too large, or
+// unreachable), so a Put never promises a later Get. Lookup returns in one call what
+// the store holds for dataID, result and pending id, as they were at one instant.
+// PutPending records p for dataID, for the store's pending time to live, unless a
+// result is stored for it; DropPending forgets dataID's pending id if owner submitted
+// it; a store that shares nothing does nothing there. A store that cannot answer
+// (unreachable) answers as if it held nothing: never an error, so that a poll is then
+// forwarded to Core as any miss. Len is the number of entries and Bytes the bytes held
+// (bodies and keys, roughly, with a per-entry overhead), as far as the store can tell
+// cheaply (see each implementation).
 type Store interface {
 	Get(dataID string) (Result, bool)
 	Put(dataID string, r Result)
+	Lookup(dataID string) Entry
+	PutPending(dataID string, p PendingID)
+	DropPending(dataID string, owner Owner)
 	Len() int     // entries
 	Bytes() int64 // bytes held (bodies and keys, roughly)
 }
@@ -121,6 +152,20 @@ func (s *MemoryStore) Put(dataID string, r Result) {
 	}
 	s.c.Set(dataID, r)
 }
+
+// Lookup returns the result kept for dataID, as Get; a MemoryStore keeps no pending
+// ids.
+func (s *MemoryStore) Lookup(dataID string) Entry {
+	r, ok := s.Get(dataID)
+	return Entry{Result: r, Stored: ok}
+}
+
+// PutPending does nothing: a MemoryStore serves one Bridge, which keeps its pending ids
+// itself.
+func (s *MemoryStore) PutPending(string, PendingID) {}
+
+// DropPending does nothing: a MemoryStore keeps no pending ids.
+func (s *MemoryStore) DropPending(string, Owner) {}
 
 // Len returns the number of entries (an estimate while otter's maintenance catches up).
 func (s *MemoryStore) Len() int { return s.c.EstimatedSize() }
