@@ -1,0 +1,360 @@
+package bridge
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of NewRedisStore.
+const (
+	// DefaultRedisPrefix starts every key of a RedisStore (MDPROXY_REDIS_PREFIX's
+	// default).
+	DefaultRedisPrefix = "mdproxy:"
+	// DefaultRedisTimeout bounds each call of a RedisStore to Redis
+	// (MDPROXY_REDIS_TIMEOUT's default).
+	DefaultRedisTimeout = 50 * time.Millisecond
+)
+
+// putBuckets is the number of time buckets in which a RedisStore counts the results it
+// put over its time to live (Len, Bytes): the counts are exact to a bucket's width,
+// ttl/putBuckets.
+const putBuckets = 64
+
+// replyErrorLogEvery is the least interval between two log lines about errors Redis
+// answered (it is up, but refuses: out of memory with noeviction, a key of another type).
+const replyErrorLogEvery = time.Minute
+
+// RedisStore is a Store in Redis, shared by every mdproxy replica that uses the same
+// Redis and key prefix (issue 12): a result stored through the replica that took Core's
+// callback is served by any, and an id submitted through one is pending for all. Safe
+// for concurrent use; it runs no goroutine and holds nothing to close (the client is the
+// caller's).
+//
+// Keys, for a data_id ID and the prefix P (default "mdproxy:"):
+//
+//   - P result:{ID}, a hash: body (Core's bytes), type (its Content-Type) and owner (the
+//     hex SHA-256 of the submitter's apikey, never the key itself), expiring the store's
+//     ttl after it was put;
+//   - P pending:{ID}, a hash: owner (as above) and submitted (Unix time in
+//     milliseconds), expiring the pending time to live after it was put.
+//
+// The braces make both keys of an ID one hash slot, so that a call touching both is one
+// transaction on Redis Cluster too (a prefix holding braces breaks that there).
+//
+// Get, Lookup, Put, PutPending and DropPending each make one round trip to Redis (a
+// command, a MULTI/EXEC pipeline or a script; a script unknown to a restarted Redis
+// costs one more), bounded by the store's timeout; Len and Bytes make none.
+// When Redis does not answer in time or refuses, Get and Lookup answer a miss (the poll
+// then goes to Core, as any miss), Put, PutPending and DropPending change nothing, and
+// nothing reaches a client as an error: a Put never promises a later Get. A change
+// between Redis answering and not is logged once (warn, then info), never once per call.
+//
+// Size: MDPROXY_STORE_MAX_BYTES cannot bound Redis, which other replicas and
+// applications fill too. The cap is Redis's own: maxmemory with maxmemory-policy
+// volatile-ttl (every key here expires, the soonest to expire go first) or allkeys-lru.
+// With noeviction, a full Redis refuses Put and PutPending, which then keep nothing. The
+// rule that a result weighing more than maxBytes/16 is not kept stays. Len and Bytes
+// count what this replica put in the last ttl (see Len), not what Redis holds: counting
+// the keys of a prefix in Redis takes a SCAN of every key.
+//
+// Redis is trusted as the memory of the process is: whoever can write to it can change
+// the results served.
+type RedisStore struct {
+	rdb        redis.UniversalClient
+	prefix     string
+	ttl        time.Duration
+	pendingTTL time.Duration
+	timeout    time.Duration
+	maxEntry   int64 // a result weighing more is not kept
+	log        *slog.Logger
+	now        func() time.Time // for Len and Bytes
+
+	down         atomic.Bool  // the last call failed without an answer of Redis
+	failures     atomic.Int64 // calls that failed, since the start
+	lastReplyLog atomic.Int64 // Unix nanoseconds of the last log line about a refusal
+
+	mu    sync.Mutex
+	puts  []putBucket // results put, oldest first, one bucket per ttl/putBuckets
+	n     int         // entries in puts
+	bytes int64       // weight in puts
+}
+
+// putBucket counts the results a RedisStore put from start for ttl/putBuckets.
+type putBucket struct {
+	start time.Time
+	n     int
+	bytes int64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// putPendingScript records a pending id (KEYS[2]) unless a result (KEYS[1]) is stored:
+// a callback that was stored first must not be followed by an id pending for a day.
+// ARGV: owner (hex), submitted (Unix ms), time to live (ms).
+var putPendingScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'submitted', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1`)
+
+// dropPendingScript deletes a pending id (KEYS[1]) if its owner is ARGV[1] (hex).
+var dropPendingScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+// NewRedisStore returns a Store in Redis through rdb whose keys start with prefix (""
+// for DefaultRedisPrefix): results expire ttl after they were put and pending ids
+// pendingTTL after they were submitted (the bridge's PendingTTL); each call to Redis
+// ends within timeout (0 for DefaultRedisTimeout, 50 ms), and a result weighing more
+// than maxBytes/16 is not kept (see RedisStore for what bounds Redis). log receives a
+// line when Redis stops or starts answering (nil: discard).
+//
+// rdb must bound its calls by their context's deadline: a *redis.Client or
+// *redis.ClusterClient must have ContextTimeoutEnabled set (otherwise its socket reads
+// wait its ReadTimeout, 3 s by default, whatever timeout says). NewRedisStore does not
+// reach Redis: it may be down at the start. It returns an error if rdb is nil or lacks
+// ContextTimeoutEnabled, if ttl, pendingTTL or maxBytes is not positive, or if timeout is
+// negative.
+func NewRedisStore(rdb redis.UniversalClient, prefix string, ttl, pendingTTL, timeout time.Duration, maxBytes int64, log *slog.Logger) (*RedisStore, error) {
+	switch {
+	case rdb == nil:
+		return nil, errors.New("bridge: no Redis client for the result store")
+	case !contextTimeoutEnabled(rdb):
+		return nil, errors.New("bridge: the Redis client must have ContextTimeoutEnabled set, so that a call ends at its deadline")
+	case ttl <= 0:
+		return nil, errors.New("bridge: the store's time to live must be positive")
+	case pendingTTL <= 0:
+		return nil, errors.New("bridge: the pending time to live must be positive")
+	case maxBytes <= 0:
+		return nil, errors.New("bridge: the store's maximum size must be positive")
+	case timeout < 0:
+		return nil, fmt.Errorf("bridge: the Redis timeout %v is negative", timeout)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &RedisStore{
+		rdb:        rdb,
+		prefix:     cmpOr(prefix, DefaultRedisPrefix),
+		ttl:        ttl,
+		pendingTTL: pendingTTL,
+		timeout:    cmpOr(timeout, DefaultRedisTimeout),
+		maxEntry:   maxBytes / 16,
+		log:        log,
+		now:        time.Now,
+	}, nil
+}
+
+// contextTimeoutEnabled reports whether rdb ends a call at its context's deadline, as
+// far as its type tells.
+func contextTimeoutEnabled(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // another implementation: the caller's word
+}
+
+// resultKey and pendingKey are the keys of dataID's result and pending id.
+func (s *RedisStore) resultKey(dataID string) string  { return s.prefix + "result:{" + dataID + "}" }
+func (s *RedisStore) pendingKey(dataID string) string { return s.prefix + "pending:{" + dataID + "}" }
+
+// call returns the context of one call to Redis: the store's timeout from now.
+func (s *RedisStore) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.timeout)
+}
+
+// done records how a call to Redis ended and reports whether it succeeded: a failure is
+// counted, and a change between Redis answering and not is logged once.
+func (s *RedisStore) done(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		if s.down.CompareAndSwap(true, false) {
+			s.log.Info("bridge: Redis answers again: results and pending ids are shared")
+		}
+		return true
+	}
+	s.failures.Add(1)
+	if _, ok := errors.AsType[redis.Error](err); ok {
+		// Redis answered, and refused: it is up. Logged at most once a replyErrorLogEvery.
+		now := time.Now().UnixNano()
+		last := s.lastReplyLog.Load()
+		if now-last >= int64(replyErrorLogEvery) && s.lastReplyLog.CompareAndSwap(last, now) {
+			s.log.Warn("bridge: Redis refused a call of the result store", "err", err)
+		}
+		return false
+	}
+	if s.down.CompareAndSwap(false, true) {
+		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared, polls that miss go to Core", "err", err, "timeout", s.timeout)
+	}
+	return false
+}
+
+// Get returns the result kept for dataID; a miss when there is none or Redis does not
+// answer within the timeout.
+func (s *RedisStore) Get(dataID string) (Result, bool) {
+	ctx, cancel := s.call()
+	defer cancel()
+	m, err := s.rdb.HGetAll(ctx, s.resultKey(dataID)).Result()
+	if !s.done(err) {
+		return Result{}, false
+	}
+	return decodeResult(m)
+}
+
+// Lookup returns the result and the pending id kept for dataID, read in one
+// transaction; nothing when Redis does not answer within the timeout.
+func (s *RedisStore) Lookup(dataID string) Entry {
+	ctx, cancel := s.call()
+	defer cancel()
+	var res, pend *redis.MapStringStringCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		res = p.HGetAll(ctx, s.resultKey(dataID))
+		pend = p.HGetAll(ctx, s.pendingKey(dataID))
+		return nil
+	})
+	if !s.done(err) {
+		return Entry{}
+	}
+	var e Entry
+	e.Result, e.Stored = decodeResult(res.Val())
+	e.Pending, e.IsPending = decodePending(pend.Val())
+	return e
+}
+
+// Put keeps r for dataID for the store's time to live, unless it weighs more than a
+// sixteenth of maxBytes, and deletes dataID's pending id, in one transaction. Nothing
+// changes when Redis does not answer within the timeout.
+func (s *RedisStore) Put(dataID string, r Result) {
+	w := int64(weightOf(dataID, r))
+	keep := w <= s.maxEntry
+	ctx, cancel := s.call()
+	defer cancel()
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, s.pendingKey(dataID))
+		if keep {
+			key := s.resultKey(dataID)
+			p.HSet(ctx, key, "body", r.Body, "type", r.ContentType, "owner", hex.EncodeToString(r.Owner[:]))
+			p.PExpire(ctx, key, s.ttl)
+		}
+		return nil
+	})
+	if s.done(err) && keep {
+		s.count(w)
+	}
+}
+
+// PutPending records p for dataID for the pending time to live, unless a result is
+// stored for dataID. Nothing changes when Redis does not answer within the timeout.
+func (s *RedisStore) PutPending(dataID string, p PendingID) {
+	ctx, cancel := s.call()
+	defer cancel()
+	err := putPendingScript.Run(ctx, s.rdb,
+		[]string{s.resultKey(dataID), s.pendingKey(dataID)},
+		hex.EncodeToString(p.Owner[:]), p.Submitted.UnixMilli(), s.pendingTTL.Milliseconds()).Err()
+	s.done(err)
+}
+
+// DropPending deletes dataID's pending id if owner submitted it. Nothing changes when
+// Redis does not answer within the timeout.
+func (s *RedisStore) DropPending(dataID string, owner Owner) {
+	ctx, cancel := s.call()
+	defer cancel()
+	err := dropPendingScript.Run(ctx, s.rdb, []string{s.pendingKey(dataID)}, hex.EncodeToString(owner[:])).Err()
+	s.done(err)
+}
+
+// decodeResult reads a result hash; a hash without an owner of 32 bytes in hex is none.
+func decodeResult(m map[string]string) (Result, bool) {
+	body, ok := m["body"]
+	if !ok {
+		return Result{}, false
+	}
+	owner, ok := decodeOwner(m["owner"])
+	if !ok {
+		return Result{}, false
+	}
+	return Result{Body: []byte(body), ContentType: m["type"], Owner: owner}, true
+}
+
+// decodePending reads a pending hash; one without an owner or a submission time is none.
+func decodePending(m map[string]string) (PendingID, bool) {
+	owner, ok := decodeOwner(m["owner"])
+	if !ok {
+		return PendingID{}, false
+	}
+	ms, err := strconv.ParseInt(m["submitted"], 10, 64)
+	if err != nil {
+		return PendingID{}, false
+	}
+	return PendingID{Owner: owner, Submitted: time.UnixMilli(ms)}, true
+}
+
+// decodeOwner parses 64 hex digits into an Owner.
+func decodeOwner(s string) (Owner, bool) {
+	var o Owner
+	if len(s) != 2*len(o) {
+		return o, false
+	}
+	_, err := hex.Decode(o[:], []byte(s))
+	return o, err == nil
+}
+
+// count adds a result of weight w that this replica put now to Len and Bytes.
+func (s *RedisStore) count(w int64) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	if k := len(s.puts); k == 0 || now.Sub(s.puts[k-1].start) >= s.ttl/putBuckets {
+		s.puts = append(s.puts, putBucket{start: now})
+	}
+	b := &s.puts[len(s.puts)-1]
+	b.n++
+	b.bytes += w
+	s.n++
+	s.bytes += w
+}
+
+// expireLocked drops the buckets whose first result expired by now. s.mu must be held.
+func (s *RedisStore) expireLocked(now time.Time) {
+	i := 0
+	for i < len(s.puts) && now.Sub(s.puts[i].start) >= s.ttl {
+		s.n -= s.puts[i].n
+		s.bytes -= s.puts[i].bytes
+		i++
+	}
+	s.puts = s.puts[i:]
+}
+
+// Len returns the number of results this replica put in Redis in the last ttl (to
+// within ttl/64): an estimate of its share of the store, which counts a replaced result
+// twice and does not see what Redis evicted, nor what other replicas put. Asking Redis
+// for the number of keys of a prefix would take a SCAN of all of them.
+func (s *RedisStore) Len() int {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	return s.n
+}
+
+// Bytes returns the weight of the results counted by Len, in bytes (body, key, content
+// type and a fixed overhead each, as a MemoryStore weighs them), not Redis's memory.
+func (s *RedisStore) Bytes() int64 {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	return s.bytes
+}
