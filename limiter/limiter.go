@@ -329,8 +329,12 @@ func (b *Bucket) reserve(now time.Time, client string) (Decision, *waiter) {
 	if b.global == nil {
 		return Decision{Outcome: Allowed}, nil
 	}
+	if delay <= 0 {
+		b.global.AllowN(now, 1) // a token is free: taken without a Reservation to allocate
+		return Decision{Outcome: Allowed}, nil
+	}
 	res := b.global.ReserveN(now, 1)
-	if delay <= 0 || b.limit.DryRun {
+	if b.limit.DryRun {
 		// A dry run takes the turn the request would wait for, but does not hold it.
 		return Decision{Outcome: Allowed}, nil
 	}
@@ -357,7 +361,12 @@ func (b *Bucket) refuse(d Decision) Decision {
 // last reservation, whose token x/time/rate restores in full, that is canceled. The
 // request is also taken back from its client's share.
 func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision {
-	t := b.clock.NewTimer(w.at.Sub(start))
+	// Timed from the clock's instant now, not from start: time that passed since the
+	// reservation counts towards the wait.
+	b.mu.Lock()
+	at := w.at
+	b.mu.Unlock()
+	t := b.clock.NewTimer(at.Sub(b.clock.Now()))
 	defer t.Stop()
 	for {
 		select {

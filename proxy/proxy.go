@@ -413,6 +413,11 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 		client = clientKey(r, rt.trusted)
 	}
 	d := l.Acquire(ctx, client)
+	if d.Outcome < 0 || int(d.Outcome) >= limiter.Outcomes {
+		// A Limiter of another package that answers no known outcome: refused, so that
+		// a broken limiter protects Core rather than lets everything through.
+		d = limiter.Decision{Outcome: limiter.Rejected, RetryAfter: time.Second}
+	}
 	rt.decisions[d.Outcome].Inc()
 	return d
 }
