@@ -789,7 +789,7 @@ func checkRedisURL(t *testing.T, where, raw string, hosts []string, port string)
 }
 
 // TestComposeReplicas checks compose's gateway example: its replicas share a Redis of
-// the project whose memory is bounded with the volatile-ttl policy, MDPROXY_REPLICAS is
+// the project whose memory is bounded with the volatile-lru policy, MDPROXY_REPLICAS is
 // the number of replicas sharing it, each gives Core a callback URL of its own, every
 // mdproxy service (the sidecar too) is scraped by Prometheus and has settings that
 // mdproxy accepts, and every shutdown fits its grace period.
@@ -820,8 +820,8 @@ func TestComposeReplicas(t *testing.T) {
 	for name, s := range compose.Services {
 		if strings.HasPrefix(s.Image, "redis:") {
 			redisServices = append(redisServices, name)
-			if m, p := redisSettings(s.Command); redisBytes(m) == 0 || p != "volatile-ttl" {
-				t.Errorf("compose.yaml: service %s: maxmemory %q, maxmemory-policy %q; want a bound and volatile-ttl (the bridge's results are bounded by Redis's eviction)", name, m, p)
+			if m, p := redisSettings(s.Command); redisBytes(m) == 0 || p != "volatile-lru" {
+				t.Errorf("compose.yaml: service %s: maxmemory %q, maxmemory-policy %q; want a bound and volatile-lru (the bridge's results are bounded by Redis's eviction)", name, m, p)
 			}
 		}
 	}
@@ -1059,7 +1059,7 @@ func podEnv(t *testing.T, objects map[string]k8sObject, c k8sContainer) map[stri
 // mdproxy replicas, MDPROXY_REPLICAS their number, sharing the Redis of the directory
 // through MDPROXY_REDIS_URL, with settings mdproxy accepts, probes on the admin port,
 // resources, a reloadable limits file, a shutdown that fits the grace period and each
-// replica's own callback URL; a Redis with maxmemory, the volatile-ttl policy, a memory
+// replica's own callback URL; a Redis with maxmemory, the volatile-lru policy, a memory
 // limit above maxmemory and probes; a Service to the API port; a ServiceMonitor in
 // job mdproxy, which the alerts select.
 func TestGatewayManifests(t *testing.T) {
@@ -1084,7 +1084,7 @@ func TestGatewayManifests(t *testing.T) {
 	}
 	gw, rd := gateways[0], redises[0]
 
-	// Redis: its Service, and its configuration file bounded with volatile-ttl.
+	// Redis: its Service, and its configuration file bounded with volatile-lru.
 	var redisHosts []string
 	for _, o := range objects {
 		if o.Kind == "Service" && labelsMatch(o.Spec.Selector, rd.Spec.Template.Metadata.Labels) {
@@ -1113,8 +1113,8 @@ func TestGatewayManifests(t *testing.T) {
 		}
 	}
 	maxmemory, policy := redisSettings(append(conf, rc.Args...))
-	if redisBytes(maxmemory) == 0 || policy != "volatile-ttl" {
-		t.Errorf("%s: Redis's configuration (args %q and the file they name): maxmemory %q, maxmemory-policy %q; want a bound and volatile-ttl", dir, rc.Args, maxmemory, policy)
+	if redisBytes(maxmemory) == 0 || policy != "volatile-lru" {
+		t.Errorf("%s: Redis's configuration (args %q and the file they name): maxmemory %q, maxmemory-policy %q; want a bound and volatile-lru", dir, rc.Args, maxmemory, policy)
 	}
 	if limit := quantityBytes(rc.Resources.Limits["memory"]); limit < redisBytes(maxmemory)*5/4 {
 		t.Errorf("%s: Redis's memory limit %q, want a quarter above maxmemory %s at least (Redis's overhead is not in maxmemory)", dir, rc.Resources.Limits["memory"], maxmemory)

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mdproxy/mdproxy/internal/redistest"
 )
 
 // goBin is the go command of the toolchain running the test.
@@ -162,9 +164,13 @@ func TestAgainstPrometheus(t *testing.T) {
 		"CORESIM_LISTEN_ADDR=127.0.0.1:0", "CORESIM_ADMIN_ADDR=127.0.0.1:0",
 		"CORESIM_SPEEDUP=" + speedup, "CORESIM_TICK=1ms", "CORESIM_QUEUE_SIZE=60",
 	}).waitAddr(t)
+	// mdproxy shares its limits and results on a real Redis, so that the dashboard's
+	// Redis panels and rules have data too.
+	redis := redistest.Start(t)
 	proxy := start(t, ctx, filepath.Join(dir, "mdproxy"), []string{
 		"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL=http://" + core["listen"].(string),
+		"MDPROXY_REDIS_URL=" + redis.URL(),
 		"MDPROXY_FILE_RESULT_RATE=300", "MDPROXY_FILE_RESULT_BURST=50", "MDPROXY_FILE_RESULT_MAX_WAIT=20ms",
 		"MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
 	}).waitAddr(t)
