@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/internal/envconf"
@@ -52,17 +54,25 @@ func (c *Config) validateBridge(environ map[string]string) error {
 // bridgeRunning is the bridge of a running mdproxy: its callback listener's server
 // and the result store, both to close when Run returns.
 type bridgeRunning struct {
-	b      *bridge.Bridge
-	store  *bridge.MemoryStore
-	srv    *http.Server
-	ln     net.Listener
-	cbBase string
+	b          *bridge.Bridge
+	closeStore func() // a MemoryStore's Close; nothing for Redis, whose client is Run's
+	srv        *http.Server
+	ln         net.Listener
+	cbBase     string
 }
 
 // startBridge listens on MDPROXY_BRIDGE_LISTEN_ADDR and builds the bridge whose
 // callback URL points there; it does not serve yet (serve). nil, nil when the bridge
 // is off.
-func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*bridgeRunning, error) {
+//
+// With rdb nil, results are kept in mdproxy's memory (bridge.MemoryStore, bounded by
+// MDPROXY_STORE_MAX_BYTES). With rdb set (MDPROXY_REDIS_URL), results and pending ids
+// are kept in Redis under keys starting with prefix (MDPROXY_REDIS_PREFIX), each call
+// bounded by timeout (MDPROXY_REDIS_TIMEOUT), and shared by every replica with the same
+// Redis and prefix (bridge.RedisStore: Redis's maxmemory bounds it; a Redis that does not
+// answer makes polls misses, forwarded to Core). rdb must have ContextTimeoutEnabled set
+// and stays the caller's to close, after the bridge's close.
+func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, log *slog.Logger, rdb redis.UniversalClient, prefix string, timeout time.Duration) (*bridgeRunning, error) {
 	if !cfg.Bridge {
 		return nil, nil
 	}
@@ -80,20 +90,39 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		base = scheme + "://" + dialable(ln.Addr())
 	}
 	base = strings.TrimSuffix(base, "/")
-	store, err := bridge.NewMemoryStore(cfg.StoreMaxBytes, cfg.StoreTTL)
-	if err != nil {
-		ln.Close()
-		return nil, &ConfigError{fmt.Errorf("MDPROXY_STORE_MAX_BYTES: %w", err)}
+	if c, ok := rdb.(*redis.Client); ok && c == nil {
+		rdb = nil // a nil *redis.Client (no MDPROXY_REDIS_URL) in the interface is no client
+	}
+	blog := log.With("component", "bridge")
+	var (
+		store      bridge.Store
+		closeStore = func() {}
+	)
+	if rdb == nil {
+		ms, err := bridge.NewMemoryStore(cfg.StoreMaxBytes, cfg.StoreTTL)
+		if err != nil {
+			ln.Close()
+			return nil, &ConfigError{fmt.Errorf("MDPROXY_STORE_MAX_BYTES: %w", err)}
+		}
+		store, closeStore = ms, ms.Close
+	} else {
+		// The settings are validated already: an error here is the wiring's.
+		rs, err := bridge.NewRedisStore(rdb, prefix, cfg.StoreTTL, cfg.BridgePendingTTL, timeout, cfg.StoreMaxBytes, blog)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("the bridge's result store on Redis: %w", err)
+		}
+		store = rs
 	}
 	b, err := bridge.New(bridge.Options{
 		CallbackURL: base,
 		Store:       store,
 		Refresh:     cfg.BridgeRefresh,
 		PendingTTL:  cfg.BridgePendingTTL,
-		Logger:      log.With("component", "bridge"),
+		Logger:      blog,
 	})
 	if err != nil {
-		store.Close()
+		closeStore()
 		ln.Close()
 		return nil, &ConfigError{err}
 	}
@@ -104,7 +133,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          serverErrorLog(log),
 	}
-	return &bridgeRunning{b: b, store: store, srv: srv, ln: ln, cbBase: base}, nil
+	return &bridgeRunning{b: b, closeStore: closeStore, srv: srv, ln: ln, cbBase: base}, nil
 }
 
 // serve serves Core's callbacks until close, over TLS with the proxy's certificate
@@ -127,7 +156,7 @@ func (br *bridgeRunning) close() {
 		return
 	}
 	br.srv.Close()
-	br.store.Close()
+	br.closeStore()
 }
 
 // proxyBridge is the bridge to hand proxy.Options: nil when off (a nil *bridge.Bridge in
