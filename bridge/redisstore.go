@@ -60,8 +60,10 @@ const replyErrorLogEvery = time.Minute
 //
 // Size: MDPROXY_STORE_MAX_BYTES cannot bound Redis, which other replicas and
 // applications fill too. The cap is Redis's own: maxmemory with maxmemory-policy
-// volatile-ttl (every key here expires, the soonest to expire go first) or allkeys-lru.
-// With noeviction, a full Redis refuses Put and PutPending, which then keep nothing. The
+// volatile-lru (every key here expires, so every one may be evicted, the least recently
+// read first) or allkeys-lru; not volatile-ttl, which would evict the limiter's
+// short-lived keys first (deploy/ sets volatile-lru). With noeviction, a full Redis
+// refuses Put and PutPending, which then keep nothing. The
 // rule that a result weighing more than maxBytes/16 is not kept stays. Len and Bytes
 // count what this replica put in the last ttl (see Len), not what Redis holds: counting
 // the keys of a prefix in Redis takes a SCAN of every key.
