@@ -63,10 +63,10 @@ const replyErrorLogEvery = time.Minute
 // volatile-lru (every key here expires, so every one may be evicted, the least recently
 // read first) or allkeys-lru; not volatile-ttl, which would evict the limiter's
 // short-lived keys first (deploy/ sets volatile-lru). With noeviction, a full Redis
-// refuses Put and PutPending, which then keep nothing. The
-// rule that a result weighing more than maxBytes/16 is not kept stays. Len and Bytes
-// count what this replica put in the last ttl (see Len), not what Redis holds: counting
-// the keys of a prefix in Redis takes a SCAN of every key.
+// refuses Put and PutPending, which then keep nothing. The rule that a result weighing
+// more than maxBytes/16 is not kept stays. Len and Bytes count what this replica put in
+// the last ttl (see Len), not what Redis holds: counting the keys of a prefix in Redis
+// takes a SCAN of every key.
 //
 // Redis is trusted as the memory of the process is: whoever can write to it can change
 // the results served.
