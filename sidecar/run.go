@@ -105,7 +105,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	tr := proxy.NewTransport(topts)
 	// Pooled connections to Core end with Run: no goroutine of them outlives it.
 	defer tr.CloseIdleConnections()
-	br, err := startBridge(ctx, cfg, reg, log, nil, "mdproxy:", 50*time.Millisecond)
+	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout)
 	if err != nil {
 		return err
 	}

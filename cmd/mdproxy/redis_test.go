@@ -283,3 +283,52 @@ func TestDryRunFlood(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicasShareResults is issue 12's shared result store, black-box: a file
+// submitted through replica A (whose callback URL Core is given) is polled through
+// replica B only. B answers its polls from what A knows, through Redis: the pending
+// answer while the scan runs, then the result Core called back to A, byte for byte as
+// A would serve it; no poll reaches Core and none is refused, though the limit is tight.
+func TestReplicasShareResults(t *testing.T) {
+	srv := redistest.Start(t)
+	core := startCore(t, fastCore())
+	env := map[string]string{
+		"MDPROXY_REDIS_URL":         srv.URL(),
+		"MDPROXY_REPLICAS":          "2",
+		"MDPROXY_FILE_RESULT_RATE":  "0.1",
+		"MDPROXY_FILE_RESULT_BURST": "1",
+	}
+	a := startBinary(t, core.url, env)
+	b := startBinary(t, core.url, env)
+	c := sidecartest.NewClient(t)
+	eicar := `X5O!P%@AP[4\PZX54(P^)7CC)7}$EICAR-STANDARD-ANTIVIRUS-TEST-FILE!$H+H*`
+	ids := []string{submit(t, c, a.proxyURL, "hello, world", nil), submit(t, c, a.proxyURL, eicar, nil)}
+	for i, id := range ids {
+		got := pollUntilFinal(t, c, b.proxyURL, id, "")
+		if want := []int{0, 1}[i]; got.verdict != want {
+			t.Errorf("file %d through B: verdict %d, want %d", i, got.verdict, want)
+		}
+		fromA := getResult(t, c, a.proxyURL, id, "")
+		if fromA.body != got.body {
+			t.Errorf("file %d: B's answer differs from A's:\nB %s\nA %s", i, sidecartest.Short(got.body), sidecartest.Short(fromA.body))
+		}
+	}
+	if n := core.polls.Load(); n != 0 {
+		t.Errorf("polls that reached Core = %d, want 0 (A took the callbacks, B read them in Redis)", n)
+	}
+	waitMetricAtLeast(t, a, series("mdproxy_bridge_callbacks_total", "outcome", "stored"), 2)
+	waitMetricAtLeast(t, b, series("mdproxy_bridge_polls_total", "source", "store"), 2)
+	if v := b.metric(t, series("mdproxy_requests_total", "code", "503", "method", "GET", "route", "file_result")); v != 0 {
+		t.Errorf("B's 503 answers to polls of submitted files = %v, want 0", v)
+	}
+	// Another client's apikey is not served the stored result through B either: its
+	// poll goes to Core (or meets the limit), which decides.
+	stored := b.metric(t, series("mdproxy_bridge_polls_total", "source", "store"))
+	p := getResult(t, c, b.proxyURL, ids[0], "someone-else")
+	if p.status == http.StatusOK && core.polls.Load() != 1 {
+		t.Errorf("another apikey's poll through B: 200 with %d polls at Core, want it asked of Core", core.polls.Load())
+	}
+	if got := b.metric(t, series("mdproxy_bridge_polls_total", "source", "store")); got != stored {
+		t.Errorf("another apikey's poll through B was served from the store (%v -> %v)", stored, got)
+	}
+}
