@@ -269,10 +269,10 @@ var (
 		"Submissions the bridge waits for: their callback has not arrived and no poll brought their final result, younger than MDPROXY_BRIDGE_PENDING_TTL.",
 		nil, nil)
 	bridgeStoreEntriesDesc = prometheus.NewDesc(Namespace+"_bridge_store_entries",
-		"Final results held in the bridge's result store.",
+		"Final results held in the bridge's result store; with MDPROXY_REDIS_URL, those this replica stored within MDPROXY_STORE_TTL (an estimate: the store is Redis's).",
 		nil, nil)
 	bridgeStoreBytesDesc = prometheus.NewDesc(Namespace+"_bridge_store_bytes",
-		"Size of the results held in the bridge's result store, in bytes (bodies, keys and a per-entry overhead); at most MDPROXY_STORE_MAX_BYTES.",
+		"Size of the results held in the bridge's result store, in bytes (bodies, keys and a per-entry overhead); at most MDPROXY_STORE_MAX_BYTES in memory; with MDPROXY_REDIS_URL, what this replica stored within MDPROXY_STORE_TTL (Redis's maxmemory bounds the store).",
 		nil, nil)
 )
 
