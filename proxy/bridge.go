@@ -245,12 +245,12 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 			}
 			if ctx.Err() != nil { // the client that asked left mid-answer
 				f.canceled = true
-				rt.upstreamErrors[metrics.KindCanceled].Inc()
+				rt.upstreamErrors[metrics.KindCanceled].get().Inc()
 			} else if coreErr := ex.responseFailed(); isDeadline(coreErr) {
 				rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
-				rt.upstreamErrors[metrics.KindTimeout].Inc()
+				rt.upstreamErrors[metrics.KindTimeout].get().Inc()
 			} else {
-				rt.upstreamErrors[metrics.KindReset].Inc()
+				rt.upstreamErrors[metrics.KindReset].get().Inc()
 			}
 		}
 	}()

@@ -567,8 +567,10 @@ func TestCanceledWhileWaiting(t *testing.T) {
 	checkMetric(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "hash_lookup", "decision": "delayed"}, 0)
 }
 
-// TestLimitGauges checks that the limit gauges show each route's configured limit,
-// Burst filled in when zero, and 0 for unlimited routes.
+// TestLimitGauges checks that the limit gauges show each limited route's configured
+// limit, Burst filled in when zero; that a route never limited has no series (issue 13:
+// series created when a route is limited); and that one whose limit a reload removes
+// reads 0.
 func TestLimitGauges(t *testing.T) {
 	set := limitSet(t, map[string]limiter.Limit{
 		"file_result":  {Rate: 2.5, Burst: 7, MaxWait: 250 * time.Millisecond},
@@ -577,7 +579,26 @@ func TestLimitGauges(t *testing.T) {
 		"other":        {Rate: 100, Burst: 200, MaxWait: 2 * time.Second},
 	}, newFakeClock())
 	var m *metrics.Metrics
-	newTestProxy(t, &countingUpstream{}, func(o *Options) { o.Limits = set; m = o.Metrics })
+	u, err := url.Parse("http://upstream.invalid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = metrics.New(prometheus.NewRegistry())
+	p, err := New(Options{Upstream: u, Metrics: m, Limits: set})
+	if err != nil {
+		t.Fatalf("New() = %v", err)
+	}
+	// One series per limited route, none for the others; counted before the reads
+	// below, which create the series they read.
+	for name, c := range map[string]prometheus.Collector{
+		"mdproxy_limit_rate_requests_per_second": m.LimitRate,
+		"mdproxy_limit_burst_requests":           m.LimitBurst,
+		"mdproxy_limit_max_wait_seconds":         m.LimitMaxWait,
+	} {
+		if n := testutil.CollectAndCount(c); n != 4 {
+			t.Errorf("%s has %d series, want 4 (one per limited route)", name, n)
+		}
+	}
 	tests := []struct {
 		route                string
 		rate, burst, maxWait float64
@@ -586,8 +607,6 @@ func TestLimitGauges(t *testing.T) {
 		{"hash_lookup", 9.2, 10, 0},
 		{"batch_status", 0.5, 1, 0},
 		{"other", 100, 200, 2},
-		{"submit", 0, 0, 0},
-		{"version", 0, 0, 0},
 	}
 	for _, tt := range tests {
 		if got := testutil.ToFloat64(m.LimitRate.WithLabelValues(tt.route)); got != tt.rate {
@@ -600,15 +619,15 @@ func TestLimitGauges(t *testing.T) {
 			t.Errorf("limit_max_wait_seconds{%s} = %v, want %v", tt.route, got, tt.maxWait)
 		}
 	}
-	// One series per route, whatever the route.
-	for name, c := range map[string]prometheus.Collector{
-		"mdproxy_limit_rate_requests_per_second": m.LimitRate,
-		"mdproxy_limit_burst_requests":           m.LimitBurst,
-		"mdproxy_limit_max_wait_seconds":         m.LimitMaxWait,
-	} {
-		if n := testutil.CollectAndCount(c); n != len(RouteNames()) {
-			t.Errorf("%s has %d series, want %d (one per route)", name, n, len(RouteNames()))
+	// A reload that leaves only hash_lookup limited: the others read 0.
+	p.SetLimits(limitSet(t, map[string]limiter.Limit{"hash_lookup": {Rate: 9.2}}, newFakeClock()))
+	for _, route := range []string{"file_result", "batch_status", "other"} {
+		if got := testutil.ToFloat64(m.LimitRate.WithLabelValues(route)); got != 0 {
+			t.Errorf("limit_rate_requests_per_second{%s} = %v after its limit was removed, want 0", route, got)
 		}
+	}
+	if n := testutil.CollectAndCount(m.LimitRate); n != 4 {
+		t.Errorf("mdproxy_limit_rate_requests_per_second has %d series after the reload, want 4", n)
 	}
 }
 

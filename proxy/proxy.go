@@ -82,15 +82,21 @@ type Options struct {
 
 // Proxy is the http.Handler that forwards Core's API. It is safe for concurrent use.
 type Proxy struct {
-	router *chi.Mux
-	other  *route
-	routes []*route // every route, other included, for SetLimits
+	router *chi.Mux // the routing tree of routeTable, asked with Find
+	// byPattern is the route of each pattern of routeTable; routeCtx pools the chi
+	// contexts that Find fills.
+	byPattern map[string]*route
+	routeCtx  sync.Pool
+	other     *route
+	routes    []*route // every route, other included, for SetLimits
 
 	setLimits sync.Mutex // one SetLimits at a time, so the limit gauges follow the last
 }
 
 // route is the per-route state built once: its bucket, its reverse proxy and its metric
-// children, so that serving a request looks nothing up by label.
+// children, so that serving a request looks nothing up by label. The children are
+// created on first use (see lazy): a route never used exports no series, and a route
+// without a limit no limit gauges.
 type route struct {
 	name string
 	// limiter is the route's Limiter now (nil inside: unlimited). SetLimits swaps it;
@@ -104,20 +110,21 @@ type route struct {
 	lastOwner       atomic.Pointer[ownerMemo]  // see ownerOf
 	lastCT          atomic.Pointer[[]string]   // see contentType
 	lastCL          atomic.Pointer[lengthMemo] // see contentLength
+	lastRetry       atomic.Pointer[retryMemo]  // see retryAfterValue
 	secrets         *regexp.Regexp             // webhook_status: the bridge's callback URLs
 	proxy           *httputil.ReverseProxy
-	requests        *prometheus.CounterVec
-	decisions       [limiter.Outcomes]prometheus.Counter
-	duration        prometheus.Observer
-	upstreamDur     prometheus.Observer
-	upstreamErrors  map[string]prometheus.Counter
-	inFlight        prometheus.Gauge
-	requestBytes    prometheus.Counter
-	responseBytes   prometheus.Counter
+	requests        *codeCounters
+	decisions       [limiter.Outcomes]*lazy[prometheus.Counter]
+	duration        *lazy[prometheus.Observer]
+	upstreamDur     *lazy[prometheus.Observer]
+	upstreamErrors  map[string]*lazy[prometheus.Counter]
+	inFlight        *lazy[prometheus.Gauge]
+	requestBytes    *lazy[prometheus.Counter]
+	responseBytes   *lazy[prometheus.Counter]
 	bodyTimeouts    *prometheus.CounterVec
-	limitRate       prometheus.Gauge
-	limitBurst      prometheus.Gauge
-	limitMaxWait    prometheus.Gauge
+	limitRate       *lazy[prometheus.Gauge]
+	limitBurst      *lazy[prometheus.Gauge]
+	limitMaxWait    *lazy[prometheus.Gauge]
 	limitStatus     int
 	trusted         []netip.Prefix
 	upstreamTimeout time.Duration
@@ -127,6 +134,8 @@ type route struct {
 	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
 	// clients retry them at once.
 	rejectBody, rejectClientBody []byte
+	// and their Content-Length header values.
+	rejectLength, rejectClientLength []string
 
 	// lastLog (unix nanoseconds) and unlogged sample upstream error logs.
 	lastLog, unlogged atomic.Int64
@@ -164,8 +173,8 @@ func New(opts Options) (*Proxy, error) {
 		opts.BodyIdleTimeout = 0
 	}
 
-	p := &Proxy{router: chi.NewMux()}
-	p.router.Use(p.canonicalize)
+	p := &Proxy{router: chi.NewMux(), byPattern: map[string]*route{}}
+	p.routeCtx.New = func() any { return chi.NewRouteContext() }
 	for _, rt := range routeTable {
 		h := newRoute(rt.name, opts)
 		h.submit = rt.name == "submit"
@@ -190,6 +199,7 @@ func New(opts Options) (*Proxy, error) {
 		}
 		p.routes = append(p.routes, h)
 		for _, pattern := range rt.patterns {
+			p.byPattern[pattern] = h // a pattern belongs to one route
 			switch rt.method {
 			case "*":
 				p.router.Handle(pattern, h)
@@ -203,8 +213,6 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p.other = newRoute(RouteOther, opts)
 	p.routes = append(p.routes, p.other)
-	p.router.NotFound(p.other.ServeHTTP)
-	p.router.MethodNotAllowed(p.other.ServeHTTP)
 	return p, nil
 }
 
@@ -212,17 +220,17 @@ func newRoute(name string, opts Options) *route {
 	m := opts.Metrics
 	rt := &route{
 		name:             name,
-		requests:         m.Requests,
-		duration:         m.Duration.WithLabelValues(name),
-		upstreamDur:      m.UpstreamDuration.WithLabelValues(name),
-		upstreamErrors:   map[string]prometheus.Counter{},
-		inFlight:         m.InFlight.WithLabelValues(name),
-		requestBytes:     m.RequestBytes.WithLabelValues(name),
-		responseBytes:    m.ResponseBytes.WithLabelValues(name),
+		requests:         &codeCounters{vec: m.Requests, route: name},
+		duration:         newLazy(func() prometheus.Observer { return m.Duration.WithLabelValues(name) }),
+		upstreamDur:      newLazy(func() prometheus.Observer { return m.UpstreamDuration.WithLabelValues(name) }),
+		upstreamErrors:   map[string]*lazy[prometheus.Counter]{},
+		inFlight:         newLazy(func() prometheus.Gauge { return m.InFlight.WithLabelValues(name) }),
+		requestBytes:     counterOf(m.RequestBytes, name),
+		responseBytes:    counterOf(m.ResponseBytes, name),
 		bodyTimeouts:     m.BodyTimeouts,
-		limitRate:        m.LimitRate.WithLabelValues(name),
-		limitBurst:       m.LimitBurst.WithLabelValues(name),
-		limitMaxWait:     m.LimitMaxWait.WithLabelValues(name),
+		limitRate:        newLazy(func() prometheus.Gauge { return m.LimitRate.WithLabelValues(name) }),
+		limitBurst:       newLazy(func() prometheus.Gauge { return m.LimitBurst.WithLabelValues(name) }),
+		limitMaxWait:     newLazy(func() prometheus.Gauge { return m.LimitMaxWait.WithLabelValues(name) }),
 		limitStatus:      opts.LimitStatus,
 		trusted:          opts.TrustedProxies,
 		upstreamTimeout:  opts.UpstreamTimeout,
@@ -232,11 +240,13 @@ func newRoute(name string, opts Options) *route {
 		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
 	}
 	for o := range limiter.Outcome(limiter.Outcomes) {
-		rt.decisions[o] = m.Decisions.WithLabelValues(name, o.String())
+		rt.decisions[o] = counterOf(m.Decisions, name, o.String())
 	}
 	for _, kind := range []string{metrics.KindRefused, metrics.KindReset, metrics.KindTimeout, metrics.KindCanceled, metrics.KindOther} {
-		rt.upstreamErrors[kind] = m.UpstreamErrors.WithLabelValues(name, kind)
+		rt.upstreamErrors[kind] = counterOf(m.UpstreamErrors, name, kind)
 	}
+	rt.rejectLength = []string{strconv.Itoa(len(rt.rejectBody))}
+	rt.rejectClientLength = []string{strconv.Itoa(len(rt.rejectClientBody))}
 	rt.setLimiter(opts.Limits.Limiter(name))
 
 	upstream := opts.Upstream
@@ -265,7 +275,7 @@ func newRoute(name string, opts Options) *route {
 				delete(pr.Out.Header, "Expect")
 			}
 		},
-		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur, codes: m.UpstreamResponses, route: name},
+		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur, codes: &codeCounters{vec: m.UpstreamResponses, route: name}},
 		ErrorHandler: rt.upstreamError,
 		BufferPool:   copyBuffers,
 		ErrorLog:     slog.NewLogLogger(rt.log.Handler(), slog.LevelWarn),
@@ -277,16 +287,21 @@ func newRoute(name string, opts Options) *route {
 type routeLimiter struct{ l limiter.Limiter }
 
 // setLimiter makes l (nil: unlimited) the route's Limiter for the requests that start
-// from now on, and sets the limit gauges to its limit.
+// from now on, and sets the limit gauges to its limit: created for a limited route, set
+// to 0 when a route that had a limit has none any more, and never created for a route
+// that was never limited.
 func (rt *route) setLimiter(l limiter.Limiter) {
 	rt.limiter.Store(&routeLimiter{l})
+	if l == nil && !rt.limitRate.made() {
+		return
+	}
 	var lim limiter.Limit
 	if l != nil {
 		lim = l.Limit()
 	}
-	rt.limitRate.Set(lim.Rate)
-	rt.limitBurst.Set(float64(lim.Burst))
-	rt.limitMaxWait.Set(lim.MaxWait.Seconds())
+	rt.limitRate.get().Set(lim.Rate)
+	rt.limitBurst.get().Set(float64(lim.Burst))
+	rt.limitMaxWait.get().Set(lim.MaxWait.Seconds())
 }
 
 // SetLimits gives each route the bucket l has for it (nil l: no limit on any route), as
@@ -308,29 +323,35 @@ func (p *Proxy) SetLimits(l Limits) {
 
 // ServeHTTP routes r by its canonical path and serves it on its route.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p.router.ServeHTTP(w, r)
+	cp, ok := canonicalPath(r.URL)
+	if !ok {
+		p.other.refuse(w, r, http.StatusBadRequest,
+			"Invalid path: encoded slashes, backslashes and NUL bytes are not accepted.")
+		return
+	}
+	p.routeOf(r.Method, cp).ServeHTTP(w, r)
 }
 
-// canonicalize makes chi route by canonicalPath, and refuses with 400 the paths that
-// have none.
-func (p *Proxy) canonicalize(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cp, ok := canonicalPath(r.URL)
-		if !ok {
-			p.other.refuse(w, r, http.StatusBadRequest,
-				"Invalid path: encoded slashes, backslashes and NUL bytes are not accepted.")
-			return
-		}
-		chi.RouteContext(r.Context()).RoutePath = cp
-		next.ServeHTTP(w, r)
-	})
+// routeOf returns the route of a request of method for the canonical path cp, found
+// in chi's routing tree (Mux.Find), or the route other. chi's own ServeHTTP would put a
+// route context in a copy of the request, two allocations a request that nothing here
+// reads: the route is all the proxy needs of the router.
+func (p *Proxy) routeOf(method, cp string) *route {
+	rctx := p.routeCtx.Get().(*chi.Context)
+	rctx.Reset()
+	pattern := p.router.Find(rctx, method, cp)
+	p.routeCtx.Put(rctx)
+	if rt := p.byPattern[pattern]; rt != nil {
+		return rt
+	}
+	return p.other
 }
 
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	start := time.Now()
-	rt.inFlight.Inc()
-	defer rt.inFlight.Dec()
+	rt.inFlight.get().Inc()
+	defer rt.inFlight.get().Dec()
 	rec := &recorder{ResponseWriter: w}
 	writeError(rec, status, msg)
 	rt.finish(rec, r, start)
@@ -340,8 +361,8 @@ func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg 
 // the limit response without reading r's body.
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rt.inFlight.Inc()
-	defer rt.inFlight.Dec()
+	rt.inFlight.get().Inc()
+	defer rt.inFlight.get().Dec()
 	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1)}
 	defer func() {
 		if v := recover(); v != nil {
@@ -392,7 +413,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &requestBody{ReadCloser: r.Body, ex: ex}
 		ctx = ex.trace(ctx)
-		defer func() { rt.requestBytes.Add(float64(ex.reqBytes.Load())) }()
+		defer func() { rt.requestBytes.get().Add(float64(ex.reqBytes.Load())) }()
 	} else {
 		ex.bodyDone = true
 	}
@@ -405,7 +426,7 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 	l := rt.limiter.Load().l
 	if l == nil {
 		d := limiter.Decision{Outcome: limiter.Allowed}
-		rt.decisions[d.Outcome].Inc()
+		rt.decisions[d.Outcome].get().Inc()
 		return d
 	}
 	var client string
@@ -418,19 +439,55 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 		// a broken limiter protects Core rather than lets everything through.
 		d = limiter.Decision{Outcome: limiter.Rejected, RetryAfter: time.Second}
 	}
-	rt.decisions[d.Outcome].Inc()
+	rt.decisions[d.Outcome].get().Inc()
 	return d
 }
 
 // writeLimit answers a request the bucket rejected: the limit status with Retry-After
 // and a Core-style body.
 func (rt *route) writeLimit(w http.ResponseWriter, d limiter.Decision) {
-	w.Header()["Retry-After"] = []string{strconv.Itoa(d.RetryAfterSeconds())}
-	body := rt.rejectBody
+	h := w.Header()
+	h["Retry-After"] = rt.retryAfterValue(d.RetryAfterSeconds())
+	body, length := rt.rejectBody, rt.rejectLength
 	if d.Outcome == limiter.RejectedClient {
-		body = rt.rejectClientBody
+		body, length = rt.rejectClientBody, rt.rejectClientLength
 	}
-	writeBody(w, rt.limitStatus, body)
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = length
+	h["X-Content-Type-Options"] = nosniff
+	w.WriteHeader(rt.limitStatus)
+	_, _ = w.Write(body)
+}
+
+// retryAfterValues are the Retry-After header values of 0 to 300 seconds, built once:
+// net/http never modifies a header's value slice, so every limit answer may share one.
+var retryAfterValues = func() [][]string {
+	v := make([][]string, 301)
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
+
+// retryAfterValue returns the Retry-After header value of s seconds: from the table
+// up to 300 s, else from the route's memo of its last longer value (a route with a rate
+// under 1/300 s answers the same value a whole second long), else a new one.
+func (rt *route) retryAfterValue(s int) []string {
+	if s >= 0 && s < len(retryAfterValues) {
+		return retryAfterValues[s]
+	}
+	if m := rt.lastRetry.Load(); m != nil && m.s == s {
+		return m.v
+	}
+	v := []string{strconv.Itoa(s)}
+	rt.lastRetry.Store(&retryMemo{s, v})
+	return v
+}
+
+// retryMemo is a Retry-After value of s seconds, rendered.
+type retryMemo struct {
+	s int
+	v []string
 }
 
 // abort ends the request without an answer: net/http recovers http.ErrAbortHandler
@@ -456,13 +513,13 @@ func (rt *route) countCut(rec *recorder, r *http.Request) {
 		rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerClient).Inc()
 	case isDeadline(coreErr):
 		rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
-		rt.upstreamErrors[metrics.KindTimeout].Inc()
+		rt.upstreamErrors[metrics.KindTimeout].get().Inc()
 		rt.logUpstream(metrics.KindTimeout, coreErr)
 	case r.Context().Err() != nil:
 		rec.status = statusClientClosedRequest
-		rt.upstreamErrors[metrics.KindCanceled].Inc()
+		rt.upstreamErrors[metrics.KindCanceled].get().Inc()
 	default:
-		rt.upstreamErrors[metrics.KindReset].Inc()
+		rt.upstreamErrors[metrics.KindReset].get().Inc()
 		if coreErr != nil {
 			rt.logUpstream(metrics.KindReset, coreErr)
 		}
@@ -475,10 +532,12 @@ func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	rt.requests.WithLabelValues(rt.name, metrics.Method(r.Method), strconv.Itoa(status)).Inc()
-	rt.responseBytes.Add(float64(rec.bytes))
+	rt.requests.inc(r.Method, status)
+	if rec.bytes > 0 {
+		rt.responseBytes.get().Add(float64(rec.bytes))
+	}
 	elapsed := time.Since(start)
-	rt.duration.Observe(elapsed.Seconds())
+	rt.duration.get().Observe(elapsed.Seconds())
 	if ctx := r.Context(); rt.log.Enabled(ctx, slog.LevelDebug) {
 		rt.logRequest(ctx, rec, r, status, elapsed)
 	}
@@ -497,7 +556,7 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		return
 	}
 	kind := classify(r, err)
-	rt.upstreamErrors[kind].Inc()
+	rt.upstreamErrors[kind].get().Inc()
 	switch kind {
 	case metrics.KindCanceled:
 		// A client whose upload broke may still be there to read why; one that went
@@ -600,17 +659,16 @@ func (b *bufferPool) Put(buf []byte) {
 // answers by status code.
 type timedTransport struct {
 	next    http.RoundTripper
-	observe prometheus.Observer
-	codes   *prometheus.CounterVec
-	route   string
+	observe *lazy[prometheus.Observer]
+	codes   *codeCounters
 }
 
 func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	start := time.Now()
 	resp, err := t.next.RoundTrip(r)
 	if err == nil {
-		t.observe.Observe(time.Since(start).Seconds())
-		t.codes.WithLabelValues(t.route, strconv.Itoa(resp.StatusCode)).Inc()
+		t.observe.get().Observe(time.Since(start).Seconds())
+		t.codes.inc("", resp.StatusCode)
 		if ex := exchangeOf(r); ex != nil && resp.Body != nil && resp.Body != http.NoBody {
 			resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
 		}

@@ -71,7 +71,13 @@ func canonicalPath(u *url.URL) (p string, ok bool) {
 		strings.ContainsAny(u.Path, "\\\x00") {
 		return "", false
 	}
-	return strings.ToLower(path.Clean("/" + u.Path)), true
+	p = u.Path
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	// Neither Clean nor ToLower allocates when the path is already clean and lower
+	// case, as a client's path nearly always is.
+	return strings.ToLower(path.Clean(p)), true
 }
 
 // containsFold reports whether s contains any of the lower-case escapes, in either
