@@ -85,8 +85,18 @@ func NewTransport(o TransportOptions) *http.Transport {
 		TLSHandshakeTimeout:   o.DialTimeout,
 		TLSClientConfig:       o.TLSClientConfig,
 		DisableCompression:    true,
+		// An upload is written to Core through the transport's buffer, in reads of the
+		// client's body as large as it: net/http's 4 KiB default makes a 1 GiB upload
+		// a quarter of a million writes, each with its deadline (coreConn).
+		WriteBufferSize: transportBufferSize,
+		ReadBufferSize:  transportBufferSize,
 	}
 }
+
+// transportBufferSize is the size of the transport's write and read buffers for each
+// connection to Core, in bytes: 64 KiB each, 128 KiB a connection, kept while the
+// connection is pooled (MaxIdleConnsPerHost bounds them).
+const transportBufferSize = 64 << 10
 
 // earlyAnswerGrace bounds how long a failed write to Core is held back so that Core's
 // answer, already on its way, wins over the write error.
