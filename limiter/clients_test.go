@@ -5,20 +5,25 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // These tests are inside the package: they sweep a share at an instant of their
-// choosing (clientCounter.sweep) instead of waiting for its timer.
+// choosing (clientCounter.sweep), or fire its timer by advancing the fake clock and
+// wait for the sweep that it runs (sweepClock).
 
-func newBucketT(t testing.TB, l Limit, now func() time.Time, opts ...Option) *Bucket {
+// epoch is the first instant of every fake clock, the start of an hour.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newBucketT(t testing.TB, l Limit, clock clockwork.Clock, opts ...Option) *Bucket {
 	t.Helper()
-	b, err := NewBucket(l, now, opts...)
+	b, err := NewBucket(l, clock, opts...)
 	if err != nil {
 		t.Fatalf("NewBucket(%+v) = %v, want no error", l, err)
 	}
@@ -33,6 +38,16 @@ func clientKeys(t testing.TB, b *Bucket) (tracked int, untracked uint64) {
 		t.Fatalf("clientKeys() ok = false, want a per-client share")
 	}
 	return tracked, untracked
+}
+
+// bucketOf returns the *Bucket that s holds for route, failing t when it holds none.
+func bucketOf(t testing.TB, s *Set, route string) *Bucket {
+	t.Helper()
+	b, ok := s.Limiter(route).(*Bucket)
+	if !ok {
+		t.Fatalf("Set.Limiter(%s) = %T, want a *Bucket", route, s.Limiter(route))
+	}
+	return b
 }
 
 // timerPending reports whether the share of b holds a sweep timer.
@@ -66,7 +81,7 @@ func TestClientCounterWindows(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newClientCounter(w, 10, slog.New(slog.DiscardHandler))
+			c := newClientCounter(w, 10, clockwork.NewFakeClockAt(w0), slog.New(slog.DiscardHandler))
 			defer c.sweep(at(100)) // frees the key and stops the timer
 			for _, i := range tt.incs {
 				if err := c.IncrementBy("k", at(i.window), i.n); err != nil {
@@ -99,14 +114,14 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		return ms.HeapAlloc
 	}
-	b := newBucketT(t, Limit{ClientLimit: 5, ClientWindow: window}, nil, WithClientKeysMax(2*keys))
+	clock := clockwork.NewFakeClockAt(epoch)
+	b := newBucketT(t, Limit{ClientLimit: 5, ClientWindow: window}, clock, WithClientKeysMax(2*keys))
 	ctx := context.Background()
-	r := httptest.NewRequest("GET", "/file/abc", nil)
 	base := heap()
 	buf := []byte("apikey-")
 	for i := range keys {
 		key := string(strconv.AppendInt(buf[:7], int64(i), 10))
-		if d := b.Acquire(ctx, r, key); d.Outcome != Allowed {
+		if d := b.Acquire(ctx, key); d.Outcome != Allowed {
 			t.Fatalf("Acquire(key %d) = %v, want allowed", i, d.Outcome)
 		}
 	}
@@ -121,12 +136,12 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 	}
 
 	// Still within two windows: nothing is idle, nothing is freed.
-	b.clients.sweep(time.Now())
+	b.clients.sweep(clock.Now())
 	if tracked, _ := clientKeys(t, b); tracked != keys {
 		t.Errorf("after a sweep within the window, clientKeys() tracked = %d, want %d", tracked, keys)
 	}
 	// Two windows later every key is idle.
-	b.clients.sweep(time.Now().Add(2 * window))
+	b.clients.sweep(clock.Now().Add(2 * window))
 	after := heap()
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
 		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
@@ -145,11 +160,11 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 		if i == 5 {
 			want = RejectedClient
 		}
-		if d := b.Acquire(ctx, r, "again"); d.Outcome != want {
+		if d := b.Acquire(ctx, "again"); d.Outcome != want {
 			t.Fatalf("after the sweep, Acquire(again) #%d = %v, want %v", i+1, d.Outcome, want)
 		}
 	}
-	b.clients.sweep(time.Now().Add(2 * window))
+	b.clients.sweep(clock.Now().Add(2 * window))
 }
 
 // TestClientKeysCap checks the bound: keys beyond it pass the per-client check untracked
@@ -158,12 +173,12 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 func TestClientKeysCap(t *testing.T) {
 	const window = time.Hour
 	ctx := context.Background()
-	r := httptest.NewRequest("GET", "/file/abc", nil)
-	later := func() time.Time { return time.Now().Add(2 * window) }
+	clock := clockwork.NewFakeClockAt(epoch) // it never moves: the sweeps say when they run
+	later := func() time.Time { return clock.Now().Add(2 * window) }
 
 	t.Run("beyond the bound the share is skipped", func(t *testing.T) {
 		const max, keys = 10, 25
-		b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, nil, WithClientKeysMax(max))
+		b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, clock, WithClientKeysMax(max))
 		defer b.clients.sweep(later())
 		for i := range keys {
 			key := "k" + strconv.Itoa(i)
@@ -172,7 +187,7 @@ func TestClientKeysCap(t *testing.T) {
 				want = []Outcome{Allowed, Allowed}
 			}
 			for j, w := range want {
-				if d := b.Acquire(ctx, r, key); d.Outcome != w {
+				if d := b.Acquire(ctx, key); d.Outcome != w {
 					t.Fatalf("Acquire(%s) #%d = %v, want %v", key, j+1, d.Outcome, w)
 				}
 			}
@@ -183,17 +198,16 @@ func TestClientKeysCap(t *testing.T) {
 		}
 		// Freed keys make room: a new key gets its share again.
 		b.clients.sweep(later())
-		if d := b.Acquire(ctx, r, "new"); d.Outcome != Allowed {
+		if d := b.Acquire(ctx, "new"); d.Outcome != Allowed {
 			t.Fatalf("after the sweep, Acquire(new) #1 = %v, want allowed", d.Outcome)
 		}
-		if d := b.Acquire(ctx, r, "new"); d.Outcome != RejectedClient {
+		if d := b.Acquire(ctx, "new"); d.Outcome != RejectedClient {
 			t.Fatalf("after the sweep, Acquire(new) #2 = %v, want rejected_client (tracked again)", d.Outcome)
 		}
 	})
 
 	t.Run("the global bucket still applies", func(t *testing.T) {
-		frozen := func() time.Time { return time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC) }
-		b := newBucketT(t, Limit{Rate: 1, Burst: 3, ClientLimit: 1, ClientWindow: window}, frozen, WithClientKeysMax(1))
+		b := newBucketT(t, Limit{Rate: 1, Burst: 3, ClientLimit: 1, ClientWindow: window}, clock, WithClientKeysMax(1))
 		defer b.clients.sweep(later())
 		steps := []struct {
 			key  string
@@ -206,7 +220,7 @@ func TestClientKeysCap(t *testing.T) {
 			{"c", Rejected},       // the global bucket is empty
 		}
 		for i, s := range steps {
-			if d := b.Acquire(ctx, r, s.key); d.Outcome != s.want {
+			if d := b.Acquire(ctx, s.key); d.Outcome != s.want {
 				t.Fatalf("step %d: Acquire(%s) = %v, want %v", i+1, s.key, d.Outcome, s.want)
 			}
 		}
@@ -214,12 +228,12 @@ func TestClientKeysCap(t *testing.T) {
 
 	t.Run("concurrent keys and sweeps", func(t *testing.T) {
 		const max, goroutines, keys = 300, 8, 2000
-		b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, nil, WithClientKeysMax(max))
+		b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, clock, WithClientKeysMax(max))
 		var wg sync.WaitGroup
 		for g := range goroutines {
 			wg.Go(func() {
 				for i := range keys {
-					if d := b.Acquire(ctx, r, strconv.Itoa(g)+"-"+strconv.Itoa(i)); d.Outcome != Allowed {
+					if d := b.Acquire(ctx, strconv.Itoa(g)+"-"+strconv.Itoa(i)); d.Outcome != Allowed {
 						t.Errorf("Acquire(%d-%d) = %v, want allowed (a new key)", g, i, d.Outcome)
 						return
 					}
@@ -250,18 +264,18 @@ func TestClientKeysCap(t *testing.T) {
 // them by route.
 func TestClientLimitWithoutRate(t *testing.T) {
 	const window = time.Minute
+	clock := clockwork.NewFakeClockAt(epoch)
 	s, err := NewSet(map[string]Limit{
 		"hash_lookup": {ClientLimit: 2, ClientWindow: window},
 		"file_result": {Rate: 10},
-	}, nil, WithClientKeysMax(100))
+	}, clock, WithClientKeysMax(100))
 	if err != nil {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
-	b := s.Bucket("hash_lookup")
-	defer b.clients.sweep(time.Now().Add(2 * window))
-	r := httptest.NewRequest("GET", "/hash/x", nil)
+	b := bucketOf(t, s, "hash_lookup")
+	defer b.clients.sweep(clock.Now().Add(2 * window))
 	for i := range 1000 {
-		if d := b.Acquire(context.Background(), r, "key-"+strconv.Itoa(i)); d.Outcome != Allowed {
+		if d := b.Acquire(context.Background(), "key-"+strconv.Itoa(i)); d.Outcome != Allowed {
 			t.Fatalf("Acquire(key-%d) = %v, want allowed", i, d.Outcome)
 		}
 	}
@@ -272,44 +286,122 @@ func TestClientLimitWithoutRate(t *testing.T) {
 	if len(got) != 1 || got["hash_lookup"] != [2]uint64{100, 900} {
 		t.Errorf("Set.ClientKeys() reported %v, want only hash_lookup: 100 tracked, 900 untracked", got)
 	}
-	b.clients.sweep(time.Now().Add(2 * window))
+	b.clients.sweep(clock.Now().Add(2 * window))
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
 		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
 	}
-	if _, _, ok := s.Bucket("file_result").clientKeys(); ok {
+	if _, _, ok := bucketOf(t, s, "file_result").clientKeys(); ok {
 		t.Errorf("clientKeys() of a bucket without a share: ok = true, want false")
 	}
 }
 
-// TestClientKeysSweepTimer checks that the keys are freed by the timer, with no
-// further request, and that the timer stops once the share is empty: an idle share
-// holds no timer (and so no goroutine).
+// sweepClock is a fake clock whose AfterFunc functions, the sweeps of the shares on
+// it, report on swept once they have run: Advance fires a sweep's timer and the sweep
+// runs in a goroutine of its own, which a test waits for before it looks.
+type sweepClock struct {
+	*clockwork.FakeClock
+	swept chan struct{}
+}
+
+func newSweepClock() *sweepClock {
+	return &sweepClock{FakeClock: clockwork.NewFakeClockAt(epoch), swept: make(chan struct{}, 16)}
+}
+
+func (c *sweepClock) AfterFunc(d time.Duration, f func()) clockwork.Timer {
+	return c.FakeClock.AfterFunc(d, func() {
+		f()
+		c.swept <- struct{}{}
+	})
+}
+
+// advanceTo moves the clock to epoch+at. When sweep is true it waits for the sweep
+// that the move fires, failing t if none has run after a bound that only a broken share
+// reaches; a sweep that runs when sweep is false fails t too.
+func (c *sweepClock) advanceTo(t *testing.T, at time.Duration, sweep bool) {
+	t.Helper()
+	c.Advance(at - c.Since(epoch))
+	if !sweep {
+		select {
+		case <-c.swept:
+			t.Fatalf("at +%v: a sweep ran, want none before its period", at)
+		default:
+		}
+		return
+	}
+	select {
+	case <-c.swept:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("at +%v: no sweep ran, want one", at)
+	}
+}
+
+// timers reports whether c holds at least n timers, without waiting.
+func (c *sweepClock) timers(n int) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return c.BlockUntilContext(ctx, n) == nil
+}
+
+// TestClientKeysSweepTimer checks that the keys are freed by the timer of the share's
+// clock, with no further request, one to two windows after their last request, and
+// that the timer stops once the share is empty: an idle share holds no timer (and so no
+// goroutine). The sweeps run when Advance reaches their timer.
 func TestClientKeysSweepTimer(t *testing.T) {
-	const window = 20 * time.Millisecond
-	b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, nil)
-	b.clients.sweepEvery = window // the production floor is a second
-	if timerPending(b) {
-		t.Fatalf("new share: timer pending, want none")
+	const window = time.Second // the sweep runs every window, at most once a second
+	clock := newSweepClock()
+	b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, clock)
+	if timerPending(b) || clock.timers(1) {
+		t.Fatalf("new share: timer pending %v, on the clock %v; want none", timerPending(b), clock.timers(1))
 	}
-	r := httptest.NewRequest("GET", "/file/abc", nil)
+	ctx := context.Background()
 	for i := range 100 {
-		b.Acquire(context.Background(), r, strconv.Itoa(i))
-	}
-	if !timerPending(b) {
-		t.Fatalf("share with keys: no timer pending, want a sweep scheduled")
-	}
-	// Waits for the timer, not for a limiter decision; the bound is only a safety net.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		tracked, _ := clientKeys(t, b)
-		if tracked == 0 && !timerPending(b) {
-			break
+		if d := b.Acquire(ctx, strconv.Itoa(i)); d.Outcome != Allowed {
+			t.Fatalf("Acquire(%d) = %v, want allowed", i, d.Outcome)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the last request: clientKeys() tracked = %d, timer pending %v; want 0, false",
-				tracked, timerPending(b))
+	}
+	if !timerPending(b) || !clock.timers(1) || clock.timers(2) {
+		t.Fatalf("share with keys: timer pending %v, one on the clock %v, two %v; want one sweep scheduled",
+			timerPending(b), clock.timers(1), clock.timers(2))
+	}
+	steps := []struct {
+		at      time.Duration
+		sweep   bool
+		request string // a request of this key after the sweep, if any
+		tracked int    // keys tracked after the sweep (and the request)
+	}{
+		{999 * time.Millisecond, false, "", 100}, // no sweep before its period
+		{time.Second, true, "", 100},             // within a window of their requests: kept
+		{1500 * time.Millisecond, false, "late", 101},
+		{2 * time.Second, true, "", 1}, // the first 100 are idle; late's window is the previous one
+		{3 * time.Second, true, "", 0}, // late is idle too: the share is empty
+	}
+	for _, s := range steps {
+		clock.advanceTo(t, s.at, s.sweep)
+		if s.request != "" {
+			if d := b.Acquire(ctx, s.request); d.Outcome != Allowed {
+				t.Fatalf("at +%v: Acquire(%s) = %v, want allowed", s.at, s.request, d.Outcome)
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		if tracked, _ := clientKeys(t, b); tracked != s.tracked {
+			t.Errorf("at +%v: clientKeys() tracked = %d, want %d", s.at, tracked, s.tracked)
+		}
+		if want := s.tracked > 0; timerPending(b) != want || clock.timers(1) != want {
+			t.Errorf("at +%v: timer pending %v, on the clock %v; want %v with %d keys", s.at, timerPending(b), clock.timers(1), want, s.tracked)
+		}
+	}
+	// The share works on after it emptied, and schedules a sweep again.
+	for i, want := range []Outcome{Allowed, RejectedClient} {
+		if d := b.Acquire(ctx, "0"); d.Outcome != want {
+			t.Errorf("after the share emptied, Acquire(0) #%d = %v, want %v", i+1, d.Outcome, want)
+		}
+	}
+	if !timerPending(b) || !clock.timers(1) {
+		t.Errorf("after a new key: timer pending %v, on the clock %v; want a sweep scheduled", timerPending(b), clock.timers(1))
+	}
+	clock.advanceTo(t, 4*time.Second, true)
+	clock.advanceTo(t, 5*time.Second, true)
+	if tracked, _ := clientKeys(t, b); tracked != 0 || timerPending(b) {
+		t.Errorf("two windows later: clientKeys() tracked = %d, timer pending %v; want 0, false", tracked, timerPending(b))
 	}
 }
 
@@ -320,14 +412,14 @@ func TestClientKeysWarning(t *testing.T) {
 	var buf bytes.Buffer
 	var mu sync.Mutex // the handler writes from the caller's goroutine; guards buf
 	log := slog.New(slog.NewJSONHandler(lockedWriter{&mu, &buf}, nil))
-	s, err := NewSet(map[string]Limit{"batch_status": {ClientLimit: 1, ClientWindow: window}}, nil,
+	clock := clockwork.NewFakeClockAt(epoch)
+	s, err := NewSet(map[string]Limit{"batch_status": {ClientLimit: 1, ClientWindow: window}}, clock,
 		WithClientKeysMax(1), WithLogger(log))
 	if err != nil {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
-	b := s.Bucket("batch_status")
-	defer b.clients.sweep(time.Now().Add(2 * window))
-	r := httptest.NewRequest("GET", "/file/batch/1", nil)
+	b := bucketOf(t, s, "batch_status")
+	defer b.clients.sweep(clock.Now().Add(2 * window))
 	type record struct {
 		Level, Msg, Route string
 		Untracked         int `json:"untracked_requests"`
@@ -350,12 +442,12 @@ func TestClientKeysWarning(t *testing.T) {
 		return out
 	}
 	for _, key := range []string{"a", "b", "c", "d"} { // b, c and d are beyond the bound
-		b.Acquire(context.Background(), r, key)
+		b.Acquire(context.Background(), key)
 	}
 	if got := records(); len(got) != 0 {
 		t.Errorf("before a sweep: %d log records, want 0 (logged by the sweep only)", len(got))
 	}
-	now := time.Now()
+	now := clock.Now()
 	b.clients.sweep(now)
 	b.clients.sweep(now) // nothing new: no second record
 	got := records()
@@ -365,7 +457,7 @@ func TestClientKeysWarning(t *testing.T) {
 	if rec := got[0]; rec.Level != "WARN" || rec.Route != "batch_status" || rec.Untracked != 3 || rec.Max != 1 {
 		t.Errorf("log record = %+v, want WARN, route batch_status, untracked_requests 3, client_keys_max 1", rec)
 	}
-	b.Acquire(context.Background(), r, "e")
+	b.Acquire(context.Background(), "e")
 	b.clients.sweep(now)
 	if got := records(); len(got) != 2 || got[1].Untracked != 1 {
 		t.Errorf("after one more untracked request and a sweep: records %+v, want a second with untracked_requests 1", got)

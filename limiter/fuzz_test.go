@@ -13,7 +13,7 @@ import (
 )
 
 // fuzzSettings are the settings of a route, in the order of FuzzParseLimits' values.
-var fuzzSettings = []string{"RATE", "BURST", "MAX_WAIT", "CLIENT_LIMIT", "CLIENT_WINDOW"}
+var fuzzSettings = []string{"RATE", "BURST", "MAX_WAIT", "CLIENT_LIMIT", "CLIENT_WINDOW", "DRY_RUN"}
 
 // fuzzDefaults are the defaults FuzzParseLimits picks from by a byte of its input.
 var fuzzDefaults = []map[string]limiter.Limit{
@@ -23,42 +23,44 @@ var fuzzDefaults = []map[string]limiter.Limit{
 }
 
 // FuzzParseLimits feeds arbitrary values of MDPROXY_FILE_RESULT_RATE, _BURST,
-// _MAX_WAIT, _CLIENT_LIMIT and _CLIENT_WINDOW (each set or unset) to ParseLimits. It
+// _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN (each set or unset) to
+// ParseLimits. It
 // checks that it never panics and either returns an *envconf.Error naming one of those
 // variables, set to a value that is not a valid setting, or limits that NewSet accepts,
 // with no NaN, infinite or negative value, the value read from each set variable and
 // the default kept for each unset or empty one.
 func FuzzParseLimits(f *testing.F) {
-	seeds := [][5]string{
-		{"", "", "", "", ""},
-		{"0.5", "3", "250ms", "7", "1m"},
-		{"20", "40", "500ms", "0", "0"},
-		{"0", "0", "0", "0", "0"},
-		{"abc", "", "", "", ""},
-		{"-1", "-1", "-1s", "-1", "-1s"},
-		{"NaN", "", "", "", ""},
-		{"Inf", "", "", "", ""},
-		{"-Inf", "", "", "", ""},
-		{"+inf", "", "", "", ""},
-		{"1e309", "", "", "", ""},
-		{"-0", "-0", "-0s", "-0", "-0s"},
-		{"0x1p-2", "0x10", "1h2m3.5s", "1_000", "2562047h47m16.854775807s"},
-		{"1e-300", "2147483647", "2562047h47m16.854775808s", "2147483648", "9223372036854775807ns"},
-		{" 1", "1 ", "1", "1.5", "1d"},
-		{"1e19", "", "", "", ""},
-		{".5", "+3", "+1s", "00", "1µs"},
+	seeds := [][6]string{
+		{"", "", "", "", "", ""},
+		{"0.5", "3", "250ms", "7", "1m", "true"},
+		{"20", "40", "500ms", "0", "0", "false"},
+		{"0", "0", "0", "0", "0", "0"},
+		{"abc", "", "", "", "", "maybe"},
+		{"-1", "-1", "-1s", "-1", "-1s", "-1"},
+		{"NaN", "", "", "", "", "1"},
+		{"Inf", "", "", "", "", "T"},
+		{"-Inf", "", "", "", "", "FALSE"},
+		{"+inf", "", "", "", "", "yes"},
+		{"1e309", "", "", "", "", "True"},
+		{"-0", "-0", "-0s", "-0", "-0s", "tRUE"},
+		{"0x1p-2", "0x10", "1h2m3.5s", "1_000", "2562047h47m16.854775807s", "f"},
+		{"1e-300", "2147483647", "2562047h47m16.854775808s", "2147483648", "9223372036854775807ns", " true"},
+		{" 1", "1 ", "1", "1.5", "1d", "on"},
+		{"1e19", "", "", "", "", "2"},
+		{".5", "+3", "+1s", "00", "1µs", "F"},
 	}
 	for i, s := range seeds {
-		f.Add(s[0], s[1], s[2], s[3], s[4], uint8(0x1f), uint8(i))
+		f.Add(s[0], s[1], s[2], s[3], s[4], s[5], uint8(0x3f), uint8(i))
 	}
-	f.Add("", "", "", "", "", uint8(0), uint8(1)) // nothing set
-	f.Add("x", "x", "x", "x", "x", uint8(0x10), uint8(2))
+	f.Add("", "", "", "", "", "", uint8(0), uint8(1)) // nothing set
+	f.Add("x", "x", "x", "x", "x", "x", uint8(0x10), uint8(2))
+	f.Add("", "", "", "", "", "maybe", uint8(0x20), uint8(0))
 
 	const envPrefix = "MDPROXY_"
 	routeNames := []string{"file_result", "batch_status"}
-	f.Fuzz(func(t *testing.T, rate, burst, maxWait, clientLimit, clientWindow string, mask, defaultsIdx uint8) {
+	f.Fuzz(func(t *testing.T, rate, burst, maxWait, clientLimit, clientWindow, dryRun string, mask, defaultsIdx uint8) {
 		defaults := fuzzDefaults[int(defaultsIdx)%len(fuzzDefaults)]
-		values := []string{rate, burst, maxWait, clientLimit, clientWindow}
+		values := []string{rate, burst, maxWait, clientLimit, clientWindow, dryRun}
 		environ := map[string]string{}
 		var names []string
 		for i, s := range fuzzSettings {
@@ -111,6 +113,7 @@ func FuzzParseLimits(f *testing.F) {
 			{l.MaxWait, def.MaxWait, readDuration},
 			{l.ClientLimit, def.ClientLimit, readInt},
 			{l.ClientWindow, def.ClientWindow, readDuration},
+			{l.DryRun, def.DryRun, readBool},
 		}
 		for i, fl := range fields {
 			want := fl.def
@@ -127,19 +130,18 @@ func FuzzParseLimits(f *testing.F) {
 			}
 		}
 
-		set, err := limiter.NewSet(limits, func() time.Time { return epoch })
+		set, err := limiter.NewSet(limits, newClock())
 		if err != nil {
 			t.Fatalf("NewSet(%+v) = %v, want the parsed limits accepted", limits, err)
 		}
-		b := set.Bucket("file_result")
-		if eff := b.Limit(); l.Rate > 0 && eff.Burst < 1 {
-			t.Errorf("NewSet(%+v).Bucket(file_result).Limit().Burst = %d, want at least 1", limits, eff.Burst)
+		if eff := set.Limit("file_result"); l.Rate > 0 && eff.Burst < 1 {
+			t.Errorf("NewSet(%+v).Limit(file_result).Burst = %d, want at least 1", limits, eff.Burst)
 		}
 	})
 }
 
-// readFloat, readInt and readDuration read a setting's value as the standard library
-// does; they return the value as the Limit field's type.
+// readFloat, readInt, readDuration and readBool read a setting's value as the standard
+// library does; they return the value as the Limit field's type.
 var (
 	readFloat = func(v string) (any, error) { return strconv.ParseFloat(v, 64) }
 	readInt   = func(v string) (any, error) {
@@ -147,10 +149,11 @@ var (
 		return int(n), err
 	}
 	readDuration = func(v string) (any, error) { return time.ParseDuration(v) }
+	readBool     = func(v string) (any, error) { return strconv.ParseBool(v) }
 )
 
 // validSetting reports whether v is a value that setting (RATE, BURST...) accepts: it
-// parses and is finite and not negative.
+// parses and, a number, is finite and not negative.
 func validSetting(setting, v string) bool {
 	var read func(string) (any, error)
 	switch setting {
@@ -160,6 +163,8 @@ func validSetting(setting, v string) bool {
 		read = readInt
 	case "MAX_WAIT", "CLIENT_WINDOW":
 		read = readDuration
+	case "DRY_RUN":
+		read = readBool
 	default:
 		return false
 	}
@@ -174,6 +179,8 @@ func validSetting(setting, v string) bool {
 		return x >= 0
 	case time.Duration:
 		return x >= 0
+	case bool:
+		return true
 	}
 	return false
 }

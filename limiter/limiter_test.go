@@ -47,9 +47,9 @@ func TestBucketFlood(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("rate=%v/burst=%d", tt.rate, tt.burst), func(t *testing.T) {
 			t.Parallel()
-			clock := newFakeClock()
+			clock := newClock()
 			l := limiter.Limit{Rate: tt.rate, Burst: tt.burst}
-			b := mustBucket(t, l, clock.Now)
+			b := mustBucket(t, l, clock)
 			var accepted, offered int
 			for elapsed := time.Duration(0); elapsed <= span; elapsed += step {
 				for range perStep {
@@ -85,9 +85,8 @@ func TestBucketConcurrentFlood(t *testing.T) {
 		rate       = 10.0
 		burst      = 5
 	)
-	var ticks atomic.Int64
-	now := func() time.Time { return epoch.Add(time.Duration(ticks.Add(1)) * tick) }
-	b := mustBucket(t, limiter.Limit{Rate: rate, Burst: burst}, now)
+	clock := &tickingClock{FakeClock: newClock(), tick: tick}
+	b := mustBucket(t, limiter.Limit{Rate: rate, Burst: burst}, clock)
 	var accepted atomic.Int64
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -103,7 +102,7 @@ func TestBucketConcurrentFlood(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	elapsed := time.Duration(ticks.Load()) * tick
+	elapsed := time.Duration(clock.ticks.Load()) * tick
 	want := burst + rate*elapsed.Seconds()
 	if got := float64(accepted.Load()); math.Abs(got-want) > 1 {
 		t.Errorf("accepted over %v from %d goroutines = %v, want %v ± 1", elapsed, goroutines, got, want)
@@ -129,8 +128,8 @@ func TestRetryAfter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := newFakeClock()
-			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+			clock := newClock()
+			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock)
 			for i := range tt.burst {
 				if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
 					t.Fatalf("Acquire() #%d in burst %d = %v, want allowed", i+1, tt.burst, d.Outcome)
@@ -185,6 +184,7 @@ func TestDecisionPass(t *testing.T) {
 		{limiter.Rejected, false},
 		{limiter.RejectedClient, false},
 		{limiter.Canceled, false},
+		{limiter.WouldReject, true}, // a dry run lets it go on
 	}
 	for _, tt := range tests {
 		if got := (limiter.Decision{Outcome: tt.o}).Pass(); got != tt.want {
@@ -207,8 +207,8 @@ func TestRejectedConsumesNoToken(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("rate=%v/burst=%d", tt.rate, tt.burst), func(t *testing.T) {
-			clock := newFakeClock()
-			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+			clock := newClock()
+			b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock)
 			for i := range tt.burst {
 				if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
 					t.Fatalf("Acquire() #%d in burst = %v, want allowed", i+1, d.Outcome)
@@ -240,57 +240,63 @@ func TestRejectedConsumesNoToken(t *testing.T) {
 	}
 }
 
-// TestMaxWaitFrozenClock queues requests with a frozen bucket clock, so that each delay
-// is exact, while the wait itself runs on a real timer.
+// TestMaxWaitFrozenClock queues requests on a frozen clock, so that each delay is exact:
+// the delayed requests wait on the clock's timers, each until the clock reaches its
+// turn, and not a moment less.
 func TestMaxWaitFrozenClock(t *testing.T) {
-	clock := newFakeClock()
-	b := mustBucket(t, limiter.Limit{Rate: 20, Burst: 2, MaxWait: 100 * time.Millisecond}, clock.Now)
-	steps := []struct {
-		want       limiter.Outcome
-		waited     time.Duration
-		retryAfter time.Duration
-	}{
-		{limiter.Allowed, 0, 0},
-		{limiter.Allowed, 0, 0},
-		{limiter.Delayed, 50 * time.Millisecond, 0},
-		{limiter.Delayed, 100 * time.Millisecond, 0},
-		{limiter.Rejected, 0, 150 * time.Millisecond}, // beyond MaxWait
-		{limiter.Rejected, 0, 150 * time.Millisecond}, // the rejection took nothing
+	clock := newClock()
+	b := mustBucket(t, limiter.Limit{Rate: 20, Burst: 2, MaxWait: 100 * time.Millisecond}, clock)
+	ctx := context.Background()
+	for i := range 2 {
+		if d := acquireAtOnce(t, clock, 0, b, ctx, "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
+			t.Fatalf("Acquire() #%d = %+v, want allowed", i+1, d)
+		}
 	}
-	for i, s := range steps {
-		start := time.Now()
-		d := acquire(b, "c")
-		elapsed := time.Since(start)
-		if d.Outcome != s.want {
-			t.Fatalf("Acquire() #%d = %+v, want %v", i+1, d, s.want)
+	third := startAcquire(t, clock, 1, b, ctx, "c")  // turn at 50 ms
+	fourth := startAcquire(t, clock, 2, b, ctx, "c") // turn at 100 ms
+	for i := range 2 {
+		// Beyond MaxWait (150 ms); the first rejection took nothing.
+		d := acquireAtOnce(t, clock, 2, b, ctx, "c")
+		if d.Outcome != limiter.Rejected || d.Waited != 0 || !near(d.RetryAfter, 150*time.Millisecond, time.Microsecond) {
+			t.Fatalf("Acquire() #%d = %+v, want rejected with RetryAfter 150ms", 5+i, d)
 		}
-		if !near(d.Waited, s.waited, time.Microsecond) {
-			t.Errorf("Acquire() #%d: Waited = %v, want %v", i+1, d.Waited, s.waited)
+	}
+	for i, w := range []struct {
+		ch      <-chan limiter.Decision
+		waited  time.Duration
+		waiting int // timers on the clock until its turn, its own included
+	}{
+		{third, 50 * time.Millisecond, 2},
+		{fourth, 100 * time.Millisecond, 1},
+	} {
+		// A timer never fires early: a millisecond before its turn the request waits.
+		clock.Advance(w.waited - 1*time.Millisecond - clock.Since(epoch))
+		if !timersAtLeast(clock, w.waiting) {
+			t.Errorf("Acquire() #%d: gone from the clock at %v, before its turn at %v", 3+i, clock.Since(epoch), w.waited)
 		}
-		if !near(d.RetryAfter, s.retryAfter, time.Microsecond) {
-			t.Errorf("Acquire() #%d: RetryAfter = %v, want %v", i+1, d.RetryAfter, s.retryAfter)
-		}
-		// A timer never fires early: a delayed request was really held.
-		if elapsed < d.Waited {
-			t.Errorf("Acquire() #%d returned after %v, want at least Waited %v", i+1, elapsed, d.Waited)
+		clock.Advance(time.Millisecond)
+		d := result(t, w.ch)
+		if d.Outcome != limiter.Delayed || !near(d.Waited, w.waited, time.Microsecond) {
+			t.Errorf("Acquire() #%d = %+v, want delayed %v", 3+i, d, w.waited)
 		}
 	}
 }
 
-// TestMaxWaitRealClock runs the same decisions on the real clock, with small durations.
-func TestMaxWaitRealClock(t *testing.T) {
+// TestMaxWait runs the decisions of MaxWait alone: a request within it waits for its
+// token on the clock, one beyond it (or with MaxWait 0) is rejected at once.
+func TestMaxWait(t *testing.T) {
 	tests := []struct {
-		name      string
-		limit     limiter.Limit
-		want      limiter.Outcome
-		maxWaited time.Duration // Waited in (0, maxWaited] for Delayed
-		retry     time.Duration // RetryAfter in (retry/2, retry] for Rejected
+		name   string
+		limit  limiter.Limit
+		want   limiter.Outcome
+		waited time.Duration // Waited, for Delayed: the clock must reach it
+		retry  time.Duration // RetryAfter, for Rejected
 	}{
 		{
-			name:      "within MaxWait is delayed",
-			limit:     limiter.Limit{Rate: 10, Burst: 1, MaxWait: time.Second},
-			want:      limiter.Delayed,
-			maxWaited: 100 * time.Millisecond,
+			name:   "within MaxWait is delayed",
+			limit:  limiter.Limit{Rate: 10, Burst: 1, MaxWait: time.Second},
+			want:   limiter.Delayed,
+			waited: 100 * time.Millisecond,
 		},
 		{
 			name:  "beyond MaxWait is rejected at once",
@@ -307,35 +313,27 @@ func TestMaxWaitRealClock(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := mustBucket(t, tt.limit, nil)
-			if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
+			clock := newClock()
+			b := mustBucket(t, tt.limit, clock)
+			ctx := context.Background()
+			if d := acquireAtOnce(t, clock, 0, b, ctx, "c"); d.Outcome != limiter.Allowed {
 				t.Fatalf("first Acquire() = %v, want allowed", d.Outcome)
 			}
-			start := time.Now()
-			d := acquire(b, "c")
-			elapsed := time.Since(start)
-			if d.Outcome != tt.want {
-				t.Fatalf("second Acquire() = %+v, want %v", d, tt.want)
+			if tt.want == limiter.Rejected {
+				d := acquireAtOnce(t, clock, 0, b, ctx, "c")
+				if d.Outcome != limiter.Rejected || d.Waited != 0 || !near(d.RetryAfter, tt.retry, time.Microsecond) {
+					t.Errorf("second Acquire() = %+v, want rejected at once, RetryAfter %v", d, tt.retry)
+				}
+				return
 			}
-			switch tt.want {
-			case limiter.Delayed:
-				if d.Waited <= 0 || d.Waited > tt.maxWaited {
-					t.Errorf("second Acquire().Waited = %v, want in (0, %v]", d.Waited, tt.maxWaited)
-				}
-				if elapsed < d.Waited {
-					t.Errorf("second Acquire() returned after %v, want at least Waited %v", elapsed, d.Waited)
-				}
-			case limiter.Rejected:
-				if d.Waited != 0 {
-					t.Errorf("second Acquire().Waited = %v, want 0", d.Waited)
-				}
-				if d.RetryAfter <= tt.retry/2 || d.RetryAfter > tt.retry {
-					t.Errorf("second Acquire().RetryAfter = %v, want in (%v, %v]", d.RetryAfter, tt.retry/2, tt.retry)
-				}
-				// Waiting for the token would take over a second; generous bound.
-				if elapsed >= time.Second {
-					t.Errorf("second Acquire() returned after %v, want at once", elapsed)
-				}
+			ch := startAcquire(t, clock, 1, b, ctx, "c")
+			clock.Advance(tt.waited - time.Millisecond)
+			if !timersAtLeast(clock, 1) {
+				t.Errorf("second Acquire() gone from the clock %v before its turn at %v", time.Millisecond, tt.waited)
+			}
+			clock.Advance(time.Millisecond)
+			if d := result(t, ch); d.Outcome != tt.want || !near(d.Waited, tt.waited, time.Microsecond) {
+				t.Errorf("second Acquire() = %+v, want delayed %v", d, tt.waited)
 			}
 		})
 	}
@@ -344,61 +342,64 @@ func TestMaxWaitRealClock(t *testing.T) {
 // TestCanceled checks that a request whose context ends while it waits is Canceled and
 // gives its token back, so that the next request at the same instant can take it.
 func TestCanceled(t *testing.T) {
-	clock := newFakeClock()
+	clock := newClock()
 	// Without the token given back, the third request would wait 2 s > MaxWait.
-	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, clock.Now)
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, clock)
 	if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
 		t.Fatalf("Acquire() #1 = %v, want allowed", d.Outcome)
 	}
 
-	// The context ends while the request waits on its (real, 1 s) timer.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	// The context ends while the request waits on the clock's timer (1 s), which the
+	// clock never reaches.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	start := time.Now()
-	d := b.Acquire(ctx, newRequest(), "c")
+	ch := startAcquire(t, clock, 1, b, ctx, "c")
+	cancel()
+	d := result(t, ch)
 	if d.Outcome != limiter.Canceled {
-		t.Fatalf("Acquire(ctx ending in 10ms) #2 = %+v, want canceled", d)
-	}
-	if elapsed := time.Since(start); elapsed >= time.Second {
-		t.Errorf("Acquire(ctx ending in 10ms) returned after %v, want before its 1s delay", elapsed)
+		t.Fatalf("Acquire(ctx canceled while waiting) #2 = %+v, want canceled", d)
 	}
 	if d.Waited != 0 {
-		t.Errorf("Acquire(ctx ending in 10ms).Waited = %v, want 0 (the bucket clock did not move)", d.Waited)
+		t.Errorf("Acquire(ctx canceled while waiting).Waited = %v, want 0 (the clock did not move)", d.Waited)
+	}
+	if timersAtLeast(clock, 1) {
+		t.Errorf("after the canceled request left, its timer is still on the clock, want it stopped")
 	}
 
 	// Same instant: the token given back is reserved again (delay 1 s, not 2 s).
-	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Canceled {
+	if d := b.Acquire(canceledCtx(), "c"); d.Outcome != limiter.Canceled {
 		t.Fatalf("Acquire(canceled ctx) #3 at the same instant = %+v, want canceled (not rejected: token given back)", d)
 	}
 
 	// One period later the token is free at once: Allowed returns before looking at ctx.
 	clock.Advance(time.Second)
-	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Allowed {
+	if d := b.Acquire(canceledCtx(), "c"); d.Outcome != limiter.Allowed {
 		t.Fatalf("Acquire(canceled ctx) #4 one second later = %+v, want allowed", d)
 	}
 }
 
-// TestCanceledRealClock cancels a waiting request on the real clock.
-func TestCanceledRealClock(t *testing.T) {
-	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, nil)
+// TestCanceledRace cancels a request's context as it starts: the goroutine may see the
+// canceled context before or after it starts waiting, and either way it reserved a
+// token and must give it back.
+func TestCanceledRace(t *testing.T) {
+	clock := newClock()
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, MaxWait: 1500 * time.Millisecond}, clock)
 	if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
 		t.Fatalf("Acquire() #1 = %v, want allowed", d.Outcome)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan limiter.Decision)
-	go func() { done <- b.Acquire(ctx, newRequest(), "c") }()
+	done := make(chan limiter.Decision, 1)
+	go func() { done <- b.Acquire(ctx, "c") }()
 	cancel()
-	d := <-done
-	// The goroutine may see the canceled context before or after it starts waiting;
-	// either way it reserved a token and must give it back.
+	d := result(t, done)
 	if d.Outcome != limiter.Canceled {
 		t.Fatalf("Acquire(ctx canceled while waiting) = %+v, want canceled", d)
 	}
-	if d.Waited < 0 || d.Waited >= time.Second {
-		t.Errorf("Acquire(ctx canceled while waiting).Waited = %v, want in [0, 1s)", d.Waited)
+	if d.Waited != 0 {
+		t.Errorf("Acquire(ctx canceled while waiting).Waited = %v, want 0 (the clock did not move)", d.Waited)
 	}
-	// Without the token given back the next wait would be ~2 s > MaxWait: rejected.
-	if d := b.Acquire(canceledCtx(), newRequest(), "c"); d.Outcome != limiter.Canceled {
+	// Without the token given back the next wait would be 2 s > MaxWait: rejected.
+	if d := b.Acquire(canceledCtx(), "c"); d.Outcome != limiter.Canceled {
 		t.Fatalf("Acquire(canceled ctx) after a canceled wait = %+v, want canceled (token given back)", d)
 	}
 }
@@ -416,8 +417,8 @@ func TestConcurrentBurst(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("n=%d/burst=%d", tt.goroutines, tt.burst), func(t *testing.T) {
-			// One token every 1000 s on the real clock.
-			b := mustBucket(t, limiter.Limit{Rate: 0.001, Burst: tt.burst}, nil)
+			// One token every 1000 s, on a clock that does not move.
+			b := mustBucket(t, limiter.Limit{Rate: 0.001, Burst: tt.burst}, newClock())
 			var allowed, rejected atomic.Int64
 			start := make(chan struct{})
 			var wg sync.WaitGroup
@@ -452,8 +453,8 @@ func TestConcurrentClientShare(t *testing.T) {
 		clientLimit = 3
 		burst       = 50
 	)
-	clock := newFakeClock()
-	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: burst, ClientLimit: clientLimit, ClientWindow: time.Hour}, clock.Now)
+	clock := newClock()
+	b := mustBucket(t, limiter.Limit{Rate: 1, Burst: burst, ClientLimit: clientLimit, ClientWindow: time.Hour}, clock)
 	var allowed [2]atomic.Int64
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -486,12 +487,12 @@ func TestConcurrentClientShare(t *testing.T) {
 	}
 }
 
-// TestClientShare checks the per-client share (httprate, real clock): clients are
-// counted apart, and a client rejection takes no token of the global bucket.
+// TestClientShare checks the per-client share: clients are counted apart, and a client
+// rejection takes no token of the global bucket.
 func TestClientShare(t *testing.T) {
-	const window = time.Hour // long enough never to roll over during the test
+	const window = time.Hour // the clock stays in the first window unless told
 	t.Run("clients are independent", func(t *testing.T) {
-		b := mustBucket(t, limiter.Limit{ClientLimit: 3, ClientWindow: window}, nil)
+		b := mustBucket(t, limiter.Limit{ClientLimit: 3, ClientWindow: window}, newClock())
 		for _, client := range []string{"apikey-a", "apikey-b", "10.0.0.7"} {
 			for i := range 3 {
 				if d := acquire(b, client); d.Outcome != limiter.Allowed {
@@ -514,15 +515,19 @@ func TestClientShare(t *testing.T) {
 	})
 
 	t.Run("default window is one second", func(t *testing.T) {
-		b := mustBucket(t, limiter.Limit{ClientLimit: 1}, nil)
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{ClientLimit: 1}, clock)
 		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
 			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
 		}
-		// Even if the window rolls over between the two calls, the sliding window
-		// still counts the first request.
 		d := acquire(b, "a")
 		if d.Outcome != limiter.RejectedClient || d.RetryAfter != time.Second {
 			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1s", d)
+		}
+		// Two seconds later the first request weighs nothing: the window is a second.
+		clock.Advance(2 * time.Second)
+		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
+			t.Errorf("Acquire(a) 2s later = %+v, want allowed (a window of 1s)", d)
 		}
 		if got := b.Limit().ClientWindow; got != 0 {
 			t.Errorf("Limit().ClientWindow = %v, want 0 as configured", got)
@@ -530,8 +535,8 @@ func TestClientShare(t *testing.T) {
 	})
 
 	t.Run("client rejection takes no global token", func(t *testing.T) {
-		clock := newFakeClock()
-		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 5, ClientLimit: 2, ClientWindow: window}, clock.Now)
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 5, ClientLimit: 2, ClientWindow: window}, clock)
 		steps := []struct {
 			client string
 			want   limiter.Outcome
@@ -556,8 +561,8 @@ func TestClientShare(t *testing.T) {
 	})
 
 	t.Run("global rejection takes no client slot", func(t *testing.T) {
-		clock := newFakeClock()
-		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, ClientLimit: 2, ClientWindow: window}, clock.Now)
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{Rate: 1, Burst: 1, ClientLimit: 2, ClientWindow: window}, clock)
 		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
 			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
 		}
@@ -577,7 +582,7 @@ func TestUnlimited(t *testing.T) {
 	t.Run("nil bucket", func(t *testing.T) {
 		var b *limiter.Bucket
 		for i := range 1000 {
-			if d := b.Acquire(context.Background(), nil, "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
+			if d := b.Acquire(context.Background(), "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
 				t.Fatalf("(*Bucket)(nil).Acquire() #%d = %+v, want allowed", i+1, d)
 			}
 		}
@@ -588,7 +593,7 @@ func TestUnlimited(t *testing.T) {
 	t.Run("zero limit", func(t *testing.T) {
 		b := mustBucket(t, limiter.Limit{}, nil)
 		for i := range 1000 {
-			if d := b.Acquire(canceledCtx(), nil, "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
+			if d := b.Acquire(canceledCtx(), "c"); d != (limiter.Decision{Outcome: limiter.Allowed}) {
 				t.Fatalf("Acquire() #%d on the zero Limit = %+v, want allowed", i+1, d)
 			}
 		}
@@ -627,8 +632,8 @@ func TestDefaultBurst(t *testing.T) {
 		{0, 0, 0}, // no global bucket: nothing to fill in
 	}
 	for _, tt := range tests {
-		clock := newFakeClock()
-		b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock.Now)
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{Rate: tt.rate, Burst: tt.burst}, clock)
 		if got := b.Limit().Burst; got != tt.wantBurst {
 			t.Errorf("NewBucket(Rate %v, Burst %d).Limit().Burst = %d, want %d", tt.rate, tt.burst, got, tt.wantBurst)
 		}
@@ -681,12 +686,12 @@ func TestNewBucketInvalid(t *testing.T) {
 }
 
 func TestNewSet(t *testing.T) {
-	clock := newFakeClock()
+	clock := newClock()
 	s, err := limiter.NewSet(map[string]limiter.Limit{
 		"file_result": {Rate: 2, Burst: 4},
 		"hash_lookup": {ClientLimit: 3},
 		"file_submit": {}, // unlimited
-	}, clock.Now)
+	}, clock)
 	if err != nil {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
@@ -702,16 +707,24 @@ func TestNewSet(t *testing.T) {
 		{"", true, limiter.Limit{}},
 	}
 	for _, tt := range tests {
-		b := s.Bucket(tt.route)
-		if (b == nil) != tt.wantNil {
-			t.Errorf("Set.Bucket(%q) = %v, want nil: %v", tt.route, b, tt.wantNil)
+		l := s.Limiter(tt.route)
+		if (l == nil) != tt.wantNil {
+			t.Errorf("Set.Limiter(%q) = %v, want nil: %v", tt.route, l, tt.wantNil)
 		}
-		if got := b.Limit(); got != tt.want {
-			t.Errorf("Set.Bucket(%q).Limit() = %+v, want %+v", tt.route, got, tt.want)
+		if l != nil {
+			if _, ok := l.(*limiter.Bucket); !ok {
+				t.Errorf("Set.Limiter(%q) = %T, want a *limiter.Bucket (no WithRedis)", tt.route, l)
+			}
+			if got := l.Limit(); got != tt.want {
+				t.Errorf("Set.Limiter(%q).Limit() = %+v, want %+v", tt.route, got, tt.want)
+			}
+		}
+		if got := s.Limit(tt.route); got != tt.want {
+			t.Errorf("Set.Limit(%q) = %+v, want %+v", tt.route, got, tt.want)
 		}
 	}
 	// The buckets share the clock given to NewSet.
-	b := s.Bucket("file_result")
+	b := s.Limiter("file_result")
 	for i := range 4 {
 		if d := acquire(b, "c"); d.Outcome != limiter.Allowed {
 			t.Fatalf("Acquire(file_result) #%d = %v, want allowed", i+1, d.Outcome)
@@ -726,25 +739,28 @@ func TestNewSet(t *testing.T) {
 	}
 
 	var nilSet *limiter.Set
-	if b := nilSet.Bucket("file_result"); b != nil {
-		t.Errorf("(*Set)(nil).Bucket(file_result) = %v, want nil", b)
+	if l := nilSet.Limiter("file_result"); l != nil {
+		t.Errorf("(*Set)(nil).Limiter(file_result) = %v, want nil", l)
+	}
+	if got := nilSet.Limit("file_result"); got != (limiter.Limit{}) {
+		t.Errorf("(*Set)(nil).Limit(file_result) = %+v, want the zero Limit", got)
 	}
 }
 
 func TestSetUpdate(t *testing.T) {
-	clock := newFakeClock()
+	clock := newClock()
 	s, err := limiter.NewSet(map[string]limiter.Limit{
 		"file_result":  {Rate: 1, Burst: 1},
 		"batch_status": {Rate: 2, Burst: 2},
 		"hash_lookup":  {Rate: 1, Burst: 1},
 		"stat":         {MaxWait: time.Second}, // unlimited
-	}, clock.Now)
+	}, clock)
 	if err != nil {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
 	// Empty the buckets, so that whether a bucket was kept or built anew shows.
 	for _, route := range []string{"file_result", "batch_status", "hash_lookup"} {
-		b := s.Bucket(route)
+		b := s.Limiter(route)
 		for acquire(b, "c").Pass() {
 		}
 	}
@@ -762,15 +778,15 @@ func TestSetUpdate(t *testing.T) {
 	if want := []string{"batch_status", "file_submit", "hash_lookup", "stat"}; !slices.Equal(changed, want) {
 		t.Errorf("Update() changed = %v, want %v", changed, want)
 	}
-	if got, old := next.Bucket("file_result"), s.Bucket("file_result"); got != old {
-		t.Errorf("Update().Bucket(file_result) = %p, want the old bucket %p: its limit did not change", got, old)
+	if got, old := next.Limiter("file_result"), s.Limiter("file_result"); got != old {
+		t.Errorf("Update().Limiter(file_result) = %p, want the old bucket %p: its limit did not change", got, old)
 	}
-	if d := acquire(next.Bucket("file_result"), "c"); d.Outcome != limiter.Rejected {
+	if d := acquire(next.Limiter("file_result"), "c"); d.Outcome != limiter.Rejected {
 		t.Errorf("Acquire(file_result) after Update = %v, want rejected: a kept bucket keeps its tokens", d.Outcome)
 	}
-	nb := next.Bucket("batch_status")
-	if nb == s.Bucket("batch_status") || nb.Limit() != (limiter.Limit{Rate: 10, Burst: 10}) {
-		t.Fatalf("Update().Bucket(batch_status) = %p with %+v, want a new bucket with rate 10, burst 10", nb, nb.Limit())
+	nb := next.Limiter("batch_status")
+	if nb == s.Limiter("batch_status") || nb.Limit() != (limiter.Limit{Rate: 10, Burst: 10}) {
+		t.Fatalf("Update().Limiter(batch_status) = %p with %+v, want a new bucket with rate 10, burst 10", nb, nb.Limit())
 	}
 	for i := range 10 {
 		if d := acquire(nb, "c"); d.Outcome != limiter.Allowed {
@@ -785,20 +801,20 @@ func TestSetUpdate(t *testing.T) {
 	if d := acquire(nb, "c"); d.Outcome != limiter.Allowed {
 		t.Errorf("Acquire(batch_status) 100ms later = %v, want allowed on the Set's clock", d.Outcome)
 	}
-	if got := next.Bucket("file_submit").Limit(); got != (limiter.Limit{Rate: 3, Burst: 3}) {
-		t.Errorf("Update().Bucket(file_submit).Limit() = %+v, want rate 3, burst 3", got)
+	if got := next.Limiter("file_submit").Limit(); got != (limiter.Limit{Rate: 3, Burst: 3}) {
+		t.Errorf("Update().Limiter(file_submit).Limit() = %+v, want rate 3, burst 3", got)
 	}
 	for _, route := range []string{"hash_lookup", "stat"} {
-		if b := next.Bucket(route); b != nil {
-			t.Errorf("Update().Bucket(%s) = %p, want nil (unlimited)", route, b)
+		if b := next.Limiter(route); b != nil {
+			t.Errorf("Update().Limiter(%s) = %p, want nil (unlimited)", route, b)
 		}
 	}
 	// The old Set is untouched: requests holding its buckets finish there.
-	if got := s.Bucket("batch_status").Limit().Rate; got != 2 {
-		t.Errorf("old Set's Bucket(batch_status) rate after Update = %v, want 2", got)
+	if got := s.Limiter("batch_status").Limit().Rate; got != 2 {
+		t.Errorf("old Set's Limiter(batch_status) rate after Update = %v, want 2", got)
 	}
-	if s.Bucket("hash_lookup") == nil {
-		t.Error("old Set's Bucket(hash_lookup) after Update = nil, want its bucket")
+	if s.Limiter("hash_lookup") == nil {
+		t.Error("old Set's Limiter(hash_lookup) after Update = nil, want its bucket")
 	}
 
 	// Nothing changed (burst 0 is ceil(rate)): every bucket is kept.
@@ -810,8 +826,8 @@ func TestSetUpdate(t *testing.T) {
 		t.Errorf("Update(same limits) = %v, %v; want no change, no error", changed, err)
 	}
 	for _, route := range []string{"file_result", "batch_status", "file_submit"} {
-		if again.Bucket(route) != next.Bucket(route) {
-			t.Errorf("Update(same limits).Bucket(%s) is a new bucket, want the old one", route)
+		if again.Limiter(route) != next.Limiter(route) {
+			t.Errorf("Update(same limits).Limiter(%s) is a new bucket, want the old one", route)
 		}
 	}
 
@@ -824,7 +840,7 @@ func TestSetUpdate(t *testing.T) {
 	// Update of a nil Set builds every bucket.
 	var nilSet *limiter.Set
 	fresh, changed, err := nilSet.Update(map[string]limiter.Limit{"file_result": {Rate: 1}})
-	if err != nil || fresh.Bucket("file_result") == nil || !slices.Equal(changed, []string{"file_result"}) {
+	if err != nil || fresh.Limiter("file_result") == nil || !slices.Equal(changed, []string{"file_result"}) {
 		t.Errorf("(*Set)(nil).Update(file_result rate 1) = %v, %v, %v; want a Set with its bucket, [file_result], nil", fresh, changed, err)
 	}
 }
@@ -872,6 +888,7 @@ func TestOutcomeString(t *testing.T) {
 		{limiter.Rejected, "rejected"},
 		{limiter.RejectedClient, "rejected_client"},
 		{limiter.Canceled, "canceled"},
+		{limiter.WouldReject, "would_reject"},
 		{limiter.Outcome(-1), "unknown"},
 		{limiter.Outcome(99), "unknown"},
 	}
@@ -882,29 +899,64 @@ func TestOutcomeString(t *testing.T) {
 	}
 }
 
-// TestReserveAt checks the clock-free reservation the emulator uses: at 2/s with a
-// burst of 1 and MaxWait 1 s, requests arriving together get turns 0, 0.5 s and 1 s
-// later; the next would wait 1.5 s and takes nothing, so that a request half a second
-// later gets the turn at 1.5 s.
-func TestReserveAt(t *testing.T) {
-	b, err := limiter.NewBucket(limiter.Limit{Rate: 2, Burst: 1, MaxWait: time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
+// TestOutcomes checks that Outcomes counts every Outcome: each of 0 to Outcomes-1 has a
+// label of its own, and Outcomes itself is none.
+func TestOutcomes(t *testing.T) {
+	if limiter.Outcomes != 6 {
+		t.Errorf("Outcomes = %d, want 6 (allowed to would_reject)", limiter.Outcomes)
 	}
-	t0 := time.Unix(1000, 0)
-	for i, want := range []time.Duration{0, 500 * time.Millisecond, time.Second} {
-		if d, ok := b.ReserveAt(t0); !ok || d != want {
-			t.Errorf("request %d at t0: ReserveAt = %v, %t, want %v, true", i+1, d, ok, want)
+	seen := map[string]bool{}
+	for o := range limiter.Outcomes {
+		s := limiter.Outcome(o).String()
+		if s == "unknown" || seen[s] {
+			t.Errorf("Outcome(%d).String() = %q, want a label of its own", o, s)
 		}
+		seen[s] = true
 	}
-	if d, ok := b.ReserveAt(t0); ok || d != 1500*time.Millisecond {
-		t.Errorf("request 4 at t0: ReserveAt = %v, %t, want 1.5s, false", d, ok)
+	if got := limiter.Outcome(limiter.Outcomes).String(); got != "unknown" {
+		t.Errorf("Outcome(Outcomes).String() = %q, want unknown", got)
 	}
-	if d, ok := b.ReserveAt(t0.Add(500 * time.Millisecond)); !ok || d != time.Second {
-		t.Errorf("request at t0+0.5s: ReserveAt = %v, %t, want 1s (the refusal took nothing), true", d, ok)
+}
+
+// TestClientSlidingWindow checks the per-client share's sliding window on the fake
+// clock, a share of 2 a second: the third request in a window is refused; in the next
+// window the requests of the one before weigh by the part of it still inside the
+// sliding window (all of it at the start, half of it halfway through), and two windows
+// later they weigh nothing.
+func TestClientSlidingWindow(t *testing.T) {
+	clock := newClock() // epoch starts a window
+	b := mustBucket(t, limiter.Limit{ClientLimit: 2, ClientWindow: time.Second}, clock)
+	steps := []struct {
+		at     time.Duration // since epoch
+		client string
+		want   limiter.Outcome
+	}{
+		{0, "a", limiter.Allowed},
+		{0, "a", limiter.Allowed},
+		{0, "a", limiter.RejectedClient}, // the third in the window
+		{0, "b", limiter.Allowed},        // clients are counted apart
+		{999 * time.Millisecond, "a", limiter.RejectedClient},
+		// Next window: a's 2 requests weigh 2 at its start, 1.5 a quarter in (rounded
+		// to 2, as httprate rounds), 1 halfway: room for one more.
+		{time.Second, "a", limiter.RejectedClient},
+		{1250 * time.Millisecond, "a", limiter.RejectedClient},
+		{1500 * time.Millisecond, "a", limiter.Allowed},
+		{1500 * time.Millisecond, "a", limiter.RejectedClient}, // 1 + 1 counted in this window
+		{1500 * time.Millisecond, "b", limiter.Allowed},        // b's 1 weighs 0.5, rounded to 1
+		{1500 * time.Millisecond, "b", limiter.RejectedClient},
+		// Two windows after its last request a client's count weighs nothing.
+		{3 * time.Second, "a", limiter.Allowed},
+		{3 * time.Second, "a", limiter.Allowed},
+		{3 * time.Second, "a", limiter.RejectedClient},
 	}
-	var none *limiter.Bucket
-	if d, ok := none.ReserveAt(t0); !ok || d != 0 {
-		t.Errorf("nil bucket: ReserveAt = %v, %t, want 0, true", d, ok)
+	for i, s := range steps {
+		clock.Advance(s.at - clock.Since(epoch))
+		d := acquire(b, s.client)
+		if d.Outcome != s.want {
+			t.Fatalf("step %d at +%v: Acquire(%s) = %+v, want %v", i+1, s.at, s.client, d, s.want)
+		}
+		if s.want == limiter.RejectedClient && d.RetryAfter != time.Second {
+			t.Errorf("step %d at +%v: Acquire(%s).RetryAfter = %v, want the window 1s", i+1, s.at, s.client, d.RetryAfter)
+		}
 	}
 }

@@ -76,9 +76,10 @@ func TestParseLimits(t *testing.T) {
 				"MDPROXY_FILE_RESULT_MAX_WAIT":      "250ms",
 				"MDPROXY_FILE_RESULT_CLIENT_LIMIT":  "7",
 				"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "1m",
+				"MDPROXY_FILE_RESULT_DRY_RUN":       "true",
 			},
 			want: map[string]limiter.Limit{
-				"file_result": {Rate: 0.5, Burst: 3, MaxWait: 250 * time.Millisecond, ClientLimit: 7, ClientWindow: time.Minute},
+				"file_result": {Rate: 0.5, Burst: 3, MaxWait: 250 * time.Millisecond, ClientLimit: 7, ClientWindow: time.Minute, DryRun: true},
 				"hash_lookup": defaults["hash_lookup"],
 				"file_submit": {},
 			},
@@ -105,6 +106,19 @@ func TestParseLimits(t *testing.T) {
 				"file_result": {Burst: 40},
 				"hash_lookup": defaults["hash_lookup"],
 				"file_submit": {},
+			},
+		},
+		{
+			name: "dry run on, off, and in strconv.ParseBool's forms",
+			environ: map[string]string{
+				"MDPROXY_FILE_RESULT_DRY_RUN": "false",
+				"MDPROXY_HASH_LOOKUP_DRY_RUN": "1",
+				"MDPROXY_FILE_SUBMIT_DRY_RUN": "TRUE",
+			},
+			want: map[string]limiter.Limit{
+				"file_result": defaults["file_result"],
+				"hash_lookup": {Rate: 50, ClientLimit: 10, ClientWindow: time.Second, DryRun: true},
+				"file_submit": {DryRun: true}, // unlimited: nothing to dry-run
 			},
 		},
 		{
@@ -173,6 +187,8 @@ func TestParseLimitsErrors(t *testing.T) {
 		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "-1m", "duration with its unit >= 0"},
 		{"MDPROXY_FILE_SUBMIT_RATE", "NaN", "requests per second >= 0"},
 		{"MDPROXY_FILE_SUBMIT_BURST", "-2", "whole number of requests >= 0"},
+		{"MDPROXY_FILE_RESULT_DRY_RUN", "maybe", "want true or false"},
+		{"MDPROXY_HASH_LOOKUP_DRY_RUN", "yes", "want true or false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.variable+"="+tt.value, func(t *testing.T) {
@@ -261,10 +277,10 @@ func TestParseLimitsBuildsSet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewSet(ParseLimits()) = %v, want no error", err)
 	}
-	if got, want := s.Bucket("file_result").Limit().Burst, 20; got != want {
-		t.Errorf("Bucket(file_result).Limit().Burst with BURST=0 and rate 20 = %d, want %d", got, want)
+	if got, want := s.Limit("file_result").Burst, 20; got != want {
+		t.Errorf("Limit(file_result).Burst with BURST=0 and rate 20 = %d, want %d", got, want)
 	}
-	if b := s.Bucket("file_submit"); b != nil {
-		t.Errorf("Bucket(file_submit) = %v, want nil (unlimited)", b)
+	if l := s.Limiter("file_submit"); l != nil {
+		t.Errorf("Limiter(file_submit) = %v, want nil (unlimited)", l)
 	}
 }
