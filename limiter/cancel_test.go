@@ -3,7 +3,6 @@ package limiter_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -182,19 +181,14 @@ func TestCanceledWaitersKeepRate(t *testing.T) {
 // turn to the requests behind it, so that the one left takes the first turn and a new
 // request the turn after it, as if the others had never come.
 //
-// It fails today (known bug, skipped unless MDPROXY_TEST_KNOWN_BUGS is set): Bucket.leave
-// cancels the last reservation of x/time/rate for each request that gives up, and
-// Reservation.CancelAt restores its token in full only for the reservation whose turn is
-// the limiter's lastEvent, which it then moves back by exactly 1/rate; the turns of
-// reservations taken at instants where the tokens are fractional are 1/rate apart only
-// to a nanosecond, so that after the first cancel lastEvent no longer equals the last
-// turn and every later cancel of the same run restores (nearly) nothing: with 6 of 7
-// waiters (sent 2 ms apart at 20/s) giving up together, 4 tokens are lost and the new
-// request waits 286 ms instead of 86 ms.
+// x/time/rate's Reservation.CancelAt, which the bucket used before, restored a token in
+// full only for the reservation whose turn was the limiter's lastEvent, then moved
+// lastEvent back by exactly 1/rate; turns taken while the tokens were fractional are
+// 1/rate apart only to a nanosecond, so every later cancel of a run restored (nearly)
+// nothing: with 6 of 7 waiters (sent 2 ms apart at 20/s) giving up together, 4 tokens
+// were lost and the new request waited 286 ms instead of 86 ms. The bucket's GCRA gives
+// back exactly.
 func TestCanceledWaitersTogether(t *testing.T) {
-	if os.Getenv("MDPROXY_TEST_KNOWN_BUGS") == "" {
-		t.Skip("known bug: tokens lost when waiters give up together (see the comment); set MDPROXY_TEST_KNOWN_BUGS=1 to run")
-	}
 	const (
 		rate = 20.0 // a turn every 50 ms
 		gap  = 2 * time.Millisecond

@@ -1,5 +1,5 @@
 // Package limiter holds the token buckets that mdproxy puts on each route: a global
-// bucket per route and, optionally, a per-client share inside it (a sliding window of
+// bucket per route (a GCRA, with x/time/rate's semantics) and, optionally, a per-client share inside it (a sliding window of
 // requests per client key, as github.com/go-chi/httprate counts them). Each route's
 // budget is a Limiter: a Bucket in the process (golang.org/x/time/rate), or a
 // RedisBucket that every replica on one Redis shares (github.com/go-redis/redis_rate),
@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"golang.org/x/time/rate"
 )
 
 // Limiter decides for the requests of one route. Bucket (local) and RedisBucket
@@ -157,8 +156,8 @@ func (d Decision) RetryAfterSeconds() int {
 	return max(s, 1)
 }
 
-// Bucket is the budget of one route in this process: a global token bucket
-// (golang.org/x/time/rate) and an optional per-client share. A nil *Bucket allows
+// Bucket is the budget of one route in this process: a global token bucket (see gcra:
+// x/time/rate's semantics, with an exact give-back) and an optional per-client share. A nil *Bucket allows
 // everything. A Bucket is safe for concurrent use.
 //
 // The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
@@ -179,7 +178,7 @@ type Bucket struct {
 	// mu makes "look at the bucket, check the client, take the token" one step, so that
 	// a rejected request never takes a token and concurrent requests never overdraw.
 	mu     sync.Mutex
-	global *rate.Limiter // nil when Rate == 0
+	global *gcra // nil when Rate == 0
 	// clients counts each client key's requests in the per-client share's sliding
 	// window; nil when ClientLimit == 0.
 	clients *clientCounter
@@ -193,7 +192,6 @@ var _ Limiter = (*Bucket)(nil)
 // waiter is a request waiting for its turn. Its fields are guarded by the bucket's mu;
 // moved tells it that at changed.
 type waiter struct {
-	res   *rate.Reservation
 	at    time.Time // its turn, on the bucket's clock
 	moved chan struct{}
 	// client and window are the per-client key and the share's window it was counted
@@ -218,7 +216,8 @@ func NewBucket(l Limit, clock clockwork.Clock, opts ...Option) (*Bucket, error) 
 	b := &Bucket{limit: l, clock: clock}
 	if l.Rate > 0 {
 		// A new bucket starts full: its burst is available at once.
-		b.global = rate.NewLimiter(rate.Limit(l.Rate), l.Burst)
+		g := newGCRA(l.Rate, l.Burst)
+		b.global = &g
 	}
 	if l.ClientLimit > 0 {
 		b.clients = newClientCounter(l.window(), o.clientKeysMax, clock, o.logger)
@@ -329,16 +328,12 @@ func (b *Bucket) reserve(now time.Time, client string) (Decision, *waiter) {
 	if b.global == nil {
 		return Decision{Outcome: Allowed}, nil
 	}
-	if delay <= 0 {
-		b.global.AllowN(now, 1) // a token is free: taken without a Reservation to allocate
-		return Decision{Outcome: Allowed}, nil
-	}
-	res := b.global.ReserveN(now, 1)
-	if b.limit.DryRun {
+	b.global.take(now.UnixNano())
+	if delay <= 0 || b.limit.DryRun {
 		// A dry run takes the turn the request would wait for, but does not hold it.
 		return Decision{Outcome: Allowed}, nil
 	}
-	w := &waiter{res: res, at: now.Add(delay), moved: make(chan struct{}, 1)}
+	w := &waiter{at: now.Add(delay), moved: make(chan struct{}, 1)}
 	if b.clients != nil {
 		w.client, w.window = client, counted
 	}
@@ -355,11 +350,11 @@ func (b *Bucket) refuse(d Decision) Decision {
 }
 
 // wait holds w until its turn or until ctx ends. A request leaving the queue early
-// would, with x/time/rate alone, give back no token while later reservations exist
-// (golang/go#56924): the route would lose that slot, and Core receive less than the
-// configured rate. So the requests behind it move up one turn each, and it is the
-// last reservation, whose token x/time/rate restores in full, that is canceled. The
-// request is also taken back from its client's share.
+// must give its turn to those behind it: with x/time/rate alone, a canceled
+// reservation gives back no token while later ones exist (golang/go#56924), and the
+// route would lose that slot, Core receiving less than the configured rate. So the
+// requests behind it move up one turn each, and the last turn is given back to the
+// bucket. The request is also taken back from its client's share.
 func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision {
 	// Timed from the clock's instant now, not from start: time that passed since the
 	// reservation counts towards the wait.
@@ -372,7 +367,7 @@ func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision 
 		select {
 		case <-t.Chan():
 			b.mu.Lock()
-			b.leave(w, false, time.Time{})
+			b.leave(w, false)
 			b.mu.Unlock()
 			return Decision{Outcome: Delayed, Waited: w.at.Sub(start)}
 		case <-w.moved:
@@ -383,7 +378,7 @@ func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision 
 		case <-ctx.Done():
 			b.mu.Lock()
 			now := b.clock.Now()
-			b.leave(w, true, now)
+			b.leave(w, true)
 			b.mu.Unlock()
 			return Decision{Outcome: Canceled, Waited: now.Sub(start)}
 		}
@@ -391,17 +386,16 @@ func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision 
 }
 
 // leave removes w from the queue. When w gives up its turn (canceled), each request
-// behind it takes the turn and reservation of the one before it, and the last
-// reservation is canceled at now. The caller holds b.mu.
-func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
+// behind it takes the turn of the one before it, and the last turn is given back to the
+// bucket. The caller holds b.mu.
+func (b *Bucket) leave(w *waiter, canceled bool) {
 	i := slices.Index(b.waiting, w)
 	if i < 0 {
 		return
 	}
-	last, lastAt := w.res, w.at
+	lastAt := w.at
 	if canceled {
 		for _, next := range b.waiting[i+1:] {
-			next.res, last = last, next.res
 			next.at, lastAt = lastAt, next.at
 			select {
 			case next.moved <- struct{}{}:
@@ -411,21 +405,17 @@ func (b *Bucket) leave(w *waiter, canceled bool, now time.Time) {
 	}
 	b.waiting = slices.Delete(b.waiting, i, i+1)
 	if canceled {
-		last.CancelAt(now)
+		b.global.giveBack()
 		if b.clients != nil {
 			b.clients.giveBack(w.client, w.window)
 		}
 	}
 }
 
-// delayAt is how long a request arriving at now waits for a token of the global bucket.
-// The caller holds b.mu.
+// delayAt is how long a request arriving at now waits for a token of the global bucket;
+// 0 when one is free. The caller holds b.mu.
 func (b *Bucket) delayAt(now time.Time) time.Duration {
-	missing := 1 - b.global.TokensAt(now)
-	if missing <= 0 {
-		return 0
-	}
-	return time.Duration(missing / b.limit.Rate * float64(time.Second))
+	return max(b.global.delay(now.UnixNano()), 0)
 }
 
 // Set is the Limiter of every route, keyed by route name: a Bucket, or a RedisBucket
