@@ -1,8 +1,8 @@
 // Package limiter holds the token buckets that mdproxy puts on each route: a global
-// bucket per route (a GCRA, with x/time/rate's semantics) and, optionally, a per-client share inside it (a sliding window of
-// requests per client key, as github.com/go-chi/httprate counts them). Each route's
-// budget is a Limiter: a Bucket in the process (golang.org/x/time/rate), or a
-// RedisBucket that every replica on one Redis shares (github.com/go-redis/redis_rate),
+// bucket per route (a GCRA with golang.org/x/time/rate's semantics) and, optionally, a
+// per-client share inside it (a sliding window of requests per client key, as
+// github.com/go-chi/httprate counts them). Each route's budget is a Limiter: a Bucket
+// in the process, or a RedisBucket that every replica on one Redis shares (github.com/go-redis/redis_rate),
 // with a local Bucket to fall back on. It knows route names only as opaque strings;
 // which HTTP requests belong to which route is the proxy package's business.
 //
@@ -157,7 +157,8 @@ func (d Decision) RetryAfterSeconds() int {
 }
 
 // Bucket is the budget of one route in this process: a global token bucket (see gcra:
-// x/time/rate's semantics, with an exact give-back) and an optional per-client share. A nil *Bucket allows
+// x/time/rate's semantics, with an exact give-back) and an optional per-client share.
+// A nil *Bucket allows
 // everything. A Bucket is safe for concurrent use.
 //
 // The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
