@@ -128,8 +128,20 @@ var ErrUnreachable = errors.New("core unreachable")
 // happened. It returns an error wrapping ErrUnreachable as soon as a submission cannot
 // reach Core, and an error when the deadline passes before every result arrived.
 func (w Workload) Run(ctx context.Context, baseURL string, files []DataFile) (*Outcome, error) {
+	return w.RunSpread(ctx, []string{baseURL}, files)
+}
+
+// RunSpread is Run with the requests spread over several mdproxy replicas in front of
+// one Core, at baseURLs: the submissions round-robin, each to the next replica in
+// turn, and so are the polls: the i-th poll of fetch round k goes to replica
+// (i+k) mod len(baseURLs), so that a file's successive polls visit every replica,
+// whichever took its submission (the hard case for a limit the replicas share).
+func (w Workload) RunSpread(ctx context.Context, baseURLs []string, files []DataFile) (*Outcome, error) {
 	if len(files) == 0 {
 		return nil, errNoFiles
+	}
+	if len(baseURLs) == 0 {
+		return nil, errors.New("no URL to send the requests to")
 	}
 	if w.Speedup <= 0 {
 		w.Speedup = 1
@@ -141,6 +153,9 @@ func (w Workload) Run(ctx context.Context, baseURL string, files []DataFile) (*O
 	ctx, cancel := context.WithTimeout(ctx, real(w.Deadline))
 	defer cancel()
 
+	// A pool of FetchConcurrency + TurnSize connections to each replica: the fetches
+	// in flight are bounded by FetchConcurrency over all of them (fetchLoop), so the
+	// client offers the same load however many replicas share it.
 	tr := &http.Transport{
 		MaxIdleConnsPerHost: w.FetchConcurrency + w.TurnSize,
 		MaxConnsPerHost:     w.FetchConcurrency + w.TurnSize,
@@ -150,7 +165,7 @@ func (w Workload) Run(ctx context.Context, baseURL string, files []DataFile) (*O
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 
-	c := &runState{w: w, client: client, base: baseURL, out: &Outcome{Speedup: w.Speedup}}
+	c := &runState{w: w, client: client, bases: baseURLs, out: &Outcome{Speedup: w.Speedup}}
 	c.byID = map[string]*Submission{}
 	if w.Callbacks != nil {
 		w.Callbacks.mu.Lock()
@@ -219,7 +234,7 @@ loop:
 type runState struct {
 	w      Workload
 	client *http.Client
-	base   string
+	bases  []string // the Core or the mdproxy replicas the requests are spread over
 	out    *Outcome
 
 	mu    sync.Mutex
@@ -289,11 +304,12 @@ func (c *runState) submitAll(ctx context.Context, files []DataFile, interval tim
 		errs := make(chan error, n)
 		for range n {
 			f := files[next%len(files)]
+			base := c.bases[next%len(c.bases)] // round-robin over the replicas
 			next++
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := c.submit(ctx, f); err != nil {
+				if err := c.submit(ctx, base, f); err != nil {
 					errs <- err
 				}
 			}()
@@ -314,13 +330,14 @@ func (c *runState) submitAll(ctx context.Context, files []DataFile, interval tim
 	return nil
 }
 
-func (c *runState) submit(ctx context.Context, f DataFile) error {
+// submit sends f to the Core or replica at base.
+func (c *runState) submit(ctx context.Context, base string, f DataFile) error {
 	fh, err := os.Open(f.Path)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/file", fh)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/file", fh)
 	if err != nil {
 		return err
 	}
@@ -340,7 +357,7 @@ func (c *runState) submit(ctx context.Context, f DataFile) error {
 			return nil
 		}
 		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || isTimeout(err) {
-			return fmt.Errorf("%w: POST %s/file: %v", ErrUnreachable, c.base, err)
+			return fmt.Errorf("%w: POST %s/file: %v", ErrUnreachable, base, err)
 		}
 		return err
 	}
@@ -351,13 +368,13 @@ func (c *runState) submit(ctx context.Context, f DataFile) error {
 		atomic.AddInt64(&c.out.SubmitRetries, 1)
 		return nil
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("%w: POST %s/file answered %d %s", ErrUnreachable, c.base, resp.StatusCode, bytes.TrimSpace(body))
+		return fmt.Errorf("%w: POST %s/file answered %d %s", ErrUnreachable, base, resp.StatusCode, bytes.TrimSpace(body))
 	}
 	var r struct {
 		DataID string `json:"data_id"`
 	}
 	if err := json.Unmarshal(body, &r); err != nil || r.DataID == "" {
-		return fmt.Errorf("%w: POST %s/file answered no data_id: %s", ErrUnreachable, c.base, bytes.TrimSpace(body))
+		return fmt.Errorf("%w: POST %s/file answered no data_id: %s", ErrUnreachable, base, bytes.TrimSpace(body))
 	}
 	s := &Submission{DataID: r.DataID, File: f.Name, Sent: sent}
 	c.submitted.Add(1)
@@ -380,7 +397,7 @@ func isTimeout(err error) bool {
 // fetchLoop runs fetch rounds, interval apart, until ctx ends.
 func (c *runState) fetchLoop(ctx context.Context, interval time.Duration) {
 	sem := make(chan struct{}, c.w.FetchConcurrency)
-	for {
+	for round := 0; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -396,7 +413,10 @@ func (c *runState) fetchLoop(ctx context.Context, interval time.Duration) {
 		c.mu.Unlock()
 		slices.Sort(ids) // a stable order: oldest submissions are not favoured by chance
 		var wg sync.WaitGroup
-		for _, id := range ids {
+		for i, id := range ids {
+			// Round-robin over the replicas, shifted by one each round: a file's
+			// polls visit every replica in turn.
+			base := c.bases[(i+round)%len(c.bases)]
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -408,16 +428,16 @@ func (c *runState) fetchLoop(ctx context.Context, interval time.Duration) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				c.fetch(ctx, id)
+				c.fetch(ctx, base, id)
 			}()
 		}
 		wg.Wait()
 	}
 }
 
-// fetch polls one data_id once.
-func (c *runState) fetch(ctx context.Context, id string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/file/"+id, nil)
+// fetch polls one data_id once, at the Core or replica at base.
+func (c *runState) fetch(ctx context.Context, base, id string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/file/"+id, nil)
 	if err != nil {
 		return
 	}

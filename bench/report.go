@@ -265,12 +265,13 @@ func LoadPublished(path string) (map[string]Published, error) {
 }
 
 // publishedFor returns the published row a case is compared with: its own, or for a
-// Proxy-N case the Rate-N row.
+// Proxy-N or Proxy-NxR case the Rate-N row.
 func publishedFor(pub map[string]Published, name string) (Published, bool) {
 	if p, ok := pub[name]; ok {
 		return p, true
 	}
 	if n, ok := strings.CutPrefix(name, "Proxy-"); ok {
+		n, _, _ = strings.Cut(n, "x") // Proxy-NxR: R replicas sharing N
 		p, ok := pub["Rate-"+n]
 		return p, ok
 	}
@@ -278,7 +279,8 @@ func publishedFor(pub map[string]Published, name string) (Published, bool) {
 }
 
 // WriteTable prints figures as a markdown table, each seed column followed by the
-// published value and the ratio ours/published (for a Proxy-N case, against Rate-N).
+// published value and the ratio ours/published (for a Proxy-N or Proxy-NxR case,
+// against Rate-N).
 func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
 	fmt.Fprintln(w, "| case | duration_min | published | ratio | processed_files_per_hour | published | ratio | fetch_requests_per_s | published | ratio | fetch_error_rate_pct | published | diff (points) | offered_fetch_per_s | all_results_min | result_latency_p50_s | result_latency_p95_s | core_fetches_per_file |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -318,4 +320,39 @@ func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
 			opt(f.OfferedFetchPerS, "%.1f"), f.AllResultsMin, f.ResultLatencyP50S, f.ResultLatencyP95S,
 			opt(f.CoreFetchesPerFile, "%.3f"))
 	}
+}
+
+// ReplicasTolerance is how far a Proxy-NxR case's accepted fetch rate and duration may
+// be from its Proxy-N case's: R replicas sharing the limit on Redis must let Core do
+// what one does (issue 12).
+const ReplicasTolerance = 0.10
+
+// CompareReplicas returns a line for each Proxy-NxR case of figs whose Proxy-N case is
+// there too: its accepted fetch rate and duration beside Proxy-N's, their ratios, and
+// whether both are within ReplicasTolerance. Nothing when figs has no such pair.
+func CompareReplicas(figs []Figures) []string {
+	by := map[string]Figures{}
+	for _, f := range figs {
+		by[f.Case] = f
+	}
+	var out []string
+	for _, f := range figs {
+		rest, ok := strings.CutPrefix(f.Case, "Proxy-")
+		n, _, ok2 := strings.Cut(rest, "x")
+		if !ok || !ok2 {
+			continue
+		}
+		one, ok := by["Proxy-"+n]
+		if !ok || f.FetchRequestsPerS == nil || one.FetchRequestsPerS == nil || *one.FetchRequestsPerS == 0 || one.DurationMin == 0 {
+			continue
+		}
+		fr, dr := *f.FetchRequestsPerS / *one.FetchRequestsPerS, f.DurationMin/one.DurationMin
+		verdict := "within"
+		if math.Abs(fr-1) > ReplicasTolerance || math.Abs(dr-1) > ReplicasTolerance {
+			verdict = "NOT within"
+		}
+		out = append(out, fmt.Sprintf("%s against %s: accepted fetch rate %.3f against %.3f a second (ratio %.3f), duration %.3f against %.3f min (ratio %.3f): %s %.0f%%",
+			f.Case, one.Case, *f.FetchRequestsPerS, *one.FetchRequestsPerS, fr, f.DurationMin, one.DurationMin, dr, verdict, 100*ReplicasTolerance))
+	}
+	return out
 }

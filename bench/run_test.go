@@ -221,8 +221,18 @@ func TestParseScenario(t *testing.T) {
 		{"Bridge", Scenario{Name: "Bridge", Bridge: true}, false},
 		{"Rate-10", Scenario{Name: "Rate-10", CoreLimit: 10}, false},
 		{"Proxy-0.5", Scenario{Name: "Proxy-0.5", ProxyLimit: 0.5}, false},
+		{"Proxy-10x2", Scenario{Name: "Proxy-10x2", ProxyLimit: 10, Replicas: 2}, false},
+		{"Proxy-2.5x3", Scenario{Name: "Proxy-2.5x3", ProxyLimit: 2.5, Replicas: 3}, false},
+		{"Proxy-10x1", Scenario{Name: "Proxy-10x1", ProxyLimit: 10, Replicas: 1}, false},
 		{"Rate-0", Scenario{}, true},
 		{"Rate-x", Scenario{}, true},
+		{"Rate-10x2", Scenario{}, true},
+		{"Proxy-10x0", Scenario{}, true},
+		{"Proxy-10x", Scenario{}, true},
+		{"Proxy-10x1.5", Scenario{}, true},
+		{"Proxy-x2", Scenario{}, true},
+		{"Proxy-0x2", Scenario{}, true},
+		{"Proxy-Inf", Scenario{}, true},
 		{"Turbo", Scenario{}, true},
 	} {
 		got, err := ParseScenario(tc.name)
@@ -253,8 +263,8 @@ func TestProxySettings(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start(Proxy-10) = %v", err)
 	}
-	if st.target != "http://192.0.2.1:1" {
-		t.Errorf("Proxy-10 target = %q, want mdproxy's URL", st.target)
+	if !slices.Equal(st.targets, []string{"http://192.0.2.1:1"}) {
+		t.Errorf("Proxy-10 targets = %q, want mdproxy's URL", st.targets)
 	}
 	if err := st.stop(); !errors.Is(err, stopErr) {
 		t.Errorf("stopping Proxy-10 = %v, want mdproxy's error %v", err, stopErr)

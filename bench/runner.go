@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -22,14 +24,18 @@ import (
 type Scenario struct {
 	// Name is the case: No-limit, Rate-N (Core's own limit of N fetches a second),
 	// Proxy-N (mdproxy limiting file_result to N a second in front of an unlimited
-	// Core, its bridge off), Bridge (the seed's polling client through mdproxy with its
-	// bridge on and its default limits, in front of an unlimited Core) or Webhook
-	// (callbacks, no fetching).
+	// Core, its bridge off), Proxy-NxR (Proxy-N's mdproxy as R replicas that share
+	// their limits on one Redis, the client's requests spread over them), Bridge (the
+	// seed's polling client through mdproxy with its bridge on and its default limits,
+	// in front of an unlimited Core) or Webhook (callbacks, no fetching).
 	Name       string
 	CoreLimit  float64 // requests per virtual second; 0 = off
 	ProxyLimit float64 // requests per virtual second; 0 = no limit of the case's own
-	Bridge     bool    // mdproxy with its bridge on
-	Webhook    bool
+	// Replicas is how many mdproxy replicas share the case's limits on a Redis started
+	// for the case (Proxy-NxR); 0: one mdproxy, its limits its own (no Redis).
+	Replicas int
+	Bridge   bool // mdproxy with its bridge on
+	Webhook  bool
 }
 
 // proxied reports whether the case runs mdproxy.
@@ -46,8 +52,17 @@ func ParseScenario(name string) (Scenario, error) {
 		s.Bridge = true
 	case strings.HasPrefix(name, "Rate-"), strings.HasPrefix(name, "Proxy-"):
 		kind, n, _ := strings.Cut(name, "-")
+		if kind == "Proxy" {
+			if limit, r, ok := strings.Cut(n, "x"); ok {
+				v, err := strconv.Atoi(r)
+				if err != nil || v < 1 {
+					return s, fmt.Errorf("scenario %q: want a whole number of replicas from 1 up after Proxy-Nx", name)
+				}
+				n, s.Replicas = limit, v
+			}
+		}
 		v, err := strconv.ParseFloat(n, 64)
-		if err != nil || !(v > 0) {
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
 			return s, fmt.Errorf("scenario %q: want a limit above 0 after %s-", name, kind)
 		}
 		if kind == "Rate" {
@@ -56,13 +71,14 @@ func ParseScenario(name string) (Scenario, error) {
 			s.ProxyLimit = v
 		}
 	default:
-		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N, Webhook or Bridge", name)
+		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N, Proxy-NxR, Webhook or Bridge", name)
 	}
 	return s, nil
 }
 
 // AllScenarios are the published benchmark's six cases, the four Proxy-N cases and
-// Bridge.
+// Bridge: mdbench's default run. Proxy-NxR cases (Proxy-10x2) are not among them: they
+// need Debian's redis-server, which no other case does.
 var AllScenarios = []string{"No-limit", "Rate-50", "Rate-20", "Rate-10", "Rate-1",
 	"Proxy-50", "Proxy-20", "Proxy-10", "Proxy-1", "Webhook", "Bridge"}
 
@@ -99,19 +115,26 @@ type Env struct {
 	BridgeCallbackURL string
 	// StartProxy starts mdproxy for a Proxy-N or the Bridge case: environ holds the
 	// case's MDPROXY_* settings (loopback addresses on free ports, Core's URL,
-	// file_result's limit, the bridge on or off, no shutdown delay), ctx ends with the
+	// file_result's limit, the bridge on or off, no shutdown delay; for a Proxy-NxR
+	// case, called once a replica, the Redis they share too), ctx ends with the
 	// case. It returns the proxy's URL and stop,
 	// which shuts mdproxy down and returns its error (nil after a clean shutdown).
 	// bench never assembles mdproxy itself, so that the cases measure the wiring that
-	// ships: cmd/mdbench runs package sidecar in-process. Required by the Proxy-N and
-	// Bridge cases only.
+	// ships: cmd/mdbench runs package sidecar in-process. Required by the Proxy-N,
+	// Proxy-NxR and Bridge cases only.
 	StartProxy func(ctx context.Context, environ map[string]string) (url string, stop func() error, err error)
+	// StartRedis starts the Redis that the replicas of a Proxy-NxR case share, empty,
+	// and returns its URL (redis://host:port/db, MDPROXY_REDIS_URL) and stop, which
+	// stops it and returns its error. It is called once a case and stopped after the
+	// case's replicas. Nil: StartRedisServer, Debian's redis-server run as a child
+	// process on a free loopback port.
+	StartRedis func(ctx context.Context) (url string, stop func() error, err error)
 }
 
 // started is a scenario's servers.
 type started struct {
-	target   string // where the client sends its requests
-	receiver string // the callback URL (Webhook)
+	targets  []string // where the client sends its requests: Core, mdproxy or its replicas
+	receiver string   // the callback URL (Webhook)
 	recv     *Receiver
 	stop     func() error // stops every server, the last started first
 	// corePolls counts the polls (GET /file/{data_id}) that reached the emulator;
@@ -166,8 +189,9 @@ func serve(h http.Handler, addr ...string) (string, func(), error) {
 }
 
 // start brings up the servers of sc: a fresh emulator with Core's own limit, mdproxy in
-// front of it (or of CoreURL) for Proxy-N, and a callback receiver for Webhook. All
-// limits given per virtual second are multiplied by the speed-up.
+// front of it (or of CoreURL) for Proxy-N, a Redis and the replicas of mdproxy sharing
+// it for Proxy-NxR, and a callback receiver for Webhook. All limits given per virtual
+// second are multiplied by the speed-up.
 func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 	var stops []func() error
 	st := &started{stop: func() error {
@@ -205,7 +229,7 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 		stops = append(stops, noErr(stop))
 		core = u
 	}
-	st.target = core
+	st.targets = []string{core}
 	if sc.proxied() {
 		if e.StartProxy == nil {
 			return fail(fmt.Errorf("%s: no way to start mdproxy (Env.StartProxy is nil)", sc.Name))
@@ -245,17 +269,43 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 			environ["MDPROXY_FILE_RESULT_BURST"] = strconv.Itoa(e.Sim.FetchBurst)
 			environ["MDPROXY_FILE_RESULT_MAX_WAIT"] = time.Duration(float64(e.Sim.FetchWait) / k).String()
 		}
-		u, stop, err := e.StartProxy(ctx, environ)
-		if err != nil {
-			return fail(fmt.Errorf("mdproxy: %w", err))
-		}
-		stops = append(stops, func() error {
-			if err := stop(); err != nil {
-				return fmt.Errorf("mdproxy: %w", err)
+		replicas := 1
+		if sc.Replicas > 0 {
+			// Proxy-NxR: the same settings for each replica, and one Redis where
+			// they share each route's bucket (so a replica's share of the rate in
+			// fallback, rate/R, holds the total too). Redis is stopped after them.
+			startRedis := e.StartRedis
+			if startRedis == nil {
+				startRedis = StartRedisServer
 			}
-			return nil
-		})
-		st.target = u
+			u, stop, err := startRedis(ctx)
+			if err != nil {
+				return fail(fmt.Errorf("%s: Redis: %w", sc.Name, err))
+			}
+			stops = append(stops, func() error {
+				if err := stop(); err != nil {
+					return fmt.Errorf("redis: %w", err)
+				}
+				return nil
+			})
+			replicas = sc.Replicas
+			environ["MDPROXY_REDIS_URL"] = u
+			environ["MDPROXY_REPLICAS"] = strconv.Itoa(replicas)
+		}
+		st.targets = nil
+		for i := range replicas {
+			u, stop, err := e.StartProxy(ctx, maps.Clone(environ))
+			if err != nil {
+				return fail(fmt.Errorf("mdproxy%s: %w", replicaName(i, replicas), err))
+			}
+			stops = append(stops, func() error {
+				if err := stop(); err != nil {
+					return fmt.Errorf("mdproxy%s: %w", replicaName(i, replicas), err)
+				}
+				return nil
+			})
+			st.targets = append(st.targets, u)
+		}
 	}
 	if sc.Webhook {
 		st.recv = &Receiver{}
@@ -267,6 +317,14 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 		st.receiver = u + "/callback"
 	}
 	return st, nil
+}
+
+// replicaName names replica i of n in an error: "" when it is the only one.
+func replicaName(i, n int) string {
+	if n <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" replica %d of %d", i+1, n)
 }
 
 // RunScenario runs w in scenario sc on env and summarizes it. It fails when a server
@@ -289,7 +347,7 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 		}
 		w.CallbackURL, w.Callbacks = st.receiver, st.recv
 	}
-	out, err := w.Run(ctx, st.target, files)
+	out, err := w.RunSpread(ctx, st.targets, files)
 	if err != nil {
 		return Figures{}, fmt.Errorf("%s: %w", sc.Name, err)
 	}

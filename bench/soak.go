@@ -808,7 +808,7 @@ func newSoakLoad(cfg SoakConfig, base, addr string) *soakLoad {
 		IdleConnTimeout:     90 * time.Second,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 	}
-	rs := &runState{client: &http.Client{Transport: tr}, base: base,
+	rs := &runState{client: &http.Client{Transport: tr}, bases: []string{base},
 		out: &Outcome{Speedup: 1}, byID: map[string]*Submission{}}
 	return &soakLoad{mix: cfg.Mix, addr: addr, files: cfg.Files, tr: tr, rs: rs,
 		quit: make(chan struct{}), sem: make(chan struct{}, max(1, cfg.Mix.MaxInFlight))}
@@ -900,7 +900,7 @@ func (l *soakLoad) recentID() string {
 func (l *soakLoad) upload(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := l.rs.submit(ctx, l.file()); err != nil {
+	if err := l.rs.submit(ctx, l.rs.bases[0], l.file()); err != nil {
 		atomic.AddInt64(&l.c.UploadErrors, 1)
 	}
 }
@@ -912,7 +912,7 @@ func (l *soakLoad) poll(ctx context.Context) {
 	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	l.rs.fetch(tctx, id)
+	l.rs.fetch(tctx, l.rs.bases[0], id)
 	if tctx.Err() != nil && ctx.Err() == nil {
 		atomic.AddInt64(&l.c.PollErrors, 1) // fetch does not count its own timeout
 	}
@@ -923,7 +923,7 @@ func (l *soakLoad) poll(ctx context.Context) {
 func (l *soakLoad) get(ctx context.Context, path string, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.rs.base+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.rs.bases[0]+path, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -82,7 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache, _ := os.UserCacheDir()
-	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Webhook, Bridge")
+	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Proxy-NxR (R replicas of mdproxy sharing Proxy-N's limit on a Redis; needs redis-server; not in the default list), Webhook, Bridge")
 	fs.BoolVar(&o.quick, "quick", false, "small data set (200 submissions of 40 files) at a high speed-up: about a minute")
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
@@ -143,6 +143,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		}
 		scenarios = append(scenarios, sc)
 	}
+	if slices.ContainsFunc(scenarios, func(sc bench.Scenario) bool { return sc.Replicas > 0 }) {
+		// Before any case runs, rather than after the cases before it.
+		if _, err := bench.FindRedisServer(); err != nil {
+			return err
+		}
+	}
 
 	spec := bench.SeedData
 	work := bench.SeedWorkload
@@ -173,7 +179,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	work.FetchConcurrency = o.concurrency
 	work.APIKey = o.apiKey
 	env := bench.Env{CoreURL: strings.TrimRight(o.coreURL, "/"), Sim: simCfg, CallbackAddr: o.callbackAddr,
-		BridgeCallbackURL: o.bridgeCBURL, ClientSpeedup: o.speedup, StartProxy: startProxy(stderr)}
+		BridgeCallbackURL: o.bridgeCBURL, ClientSpeedup: o.speedup, StartProxy: startProxy(stderr),
+		StartRedis: bench.StartRedisServer}
 
 	fmt.Fprintf(stderr, "mdbench: data set of %d files under %s\n", spec.Files, o.dataDir)
 	files, err := bench.LoadOrGenerate(o.dataDir, spec)
@@ -211,6 +218,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	for _, line := range bench.CompareAllVerdicts(figs) {
 		fmt.Fprintln(stderr, "mdbench:", line)
 	}
+	for _, line := range bench.CompareReplicas(figs) {
+		fmt.Fprintln(stderr, "mdbench:", line)
+	}
 
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(figs, "", "  ")
@@ -232,10 +242,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	return nil
 }
 
-// startProxy returns how the Proxy-N and Bridge cases start mdproxy: its shipped wiring
-// (sidecar.Run) in this process with the case's MDPROXY_* settings, logging warnings
-// and errors to stderr. The MDPROXY_* variables of mdbench's environment are not
-// passed on: every run of a case has the same settings.
+// startProxy returns how the Proxy-N, Proxy-NxR and Bridge cases start mdproxy (each
+// replica of a Proxy-NxR case apart): its shipped wiring (sidecar.Run) in this process
+// with the case's MDPROXY_* settings, logging warnings and errors to stderr (so a
+// replica whose limits fall back from Redis to its local share says so there). The
+// MDPROXY_* variables of mdbench's environment are not passed on: every run of a case
+// has the same settings.
 func startProxy(stderr io.Writer) func(context.Context, map[string]string) (string, func() error, error) {
 	return func(ctx context.Context, environ map[string]string) (string, func() error, error) {
 		environ = maps.Clone(environ)
