@@ -410,14 +410,22 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.ex = ex
 	ex.sub = sub
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &requestBody{ReadCloser: r.Body, ex: ex}
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	if hasBody {
 		ctx = ex.trace(ctx)
 		defer func() { rt.requestBytes.get().Add(float64(ex.reqBytes.Load())) }()
 	} else {
 		ex.bodyDone = true
 	}
-	rt.proxy.ServeHTTP(rec, r.WithContext(ctx))
+	// The body is wrapped in the copy of r that is forwarded, never in r itself:
+	// net/http reads what r.Body is after the handler, and discards the rest of a body
+	// it does not know (up to 256 KiB, from a client that may have stopped sending)
+	// before it writes the answer.
+	out := r.WithContext(ctx)
+	if hasBody {
+		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
+	}
+	rt.proxy.ServeHTTP(rec, out)
 }
 
 // acquire asks the route's Limiter (the one in place now, kept to the decision's end,

@@ -67,10 +67,19 @@ func TestRunServes(t *testing.T) {
 		`mdproxy_requests_total{code="200",method="GET",route="other"}`:       2, // /metrics and /healthz
 		`mdproxy_limit_rate_requests_per_second{route="file_result"}`:         10,
 		`mdproxy_limit_burst_requests{route="batch_status"}`:                  4,
-		`mdproxy_limit_rate_requests_per_second{route="submit"}`:              0,
 	} {
 		if got, ok := sidecartest.MetricValue(page, series); !ok || got != want {
 			t.Errorf("admin /metrics %s = %v (found %v), want %v", series, got, ok, want)
+		}
+	}
+	// Series appear when a route is used or limited (issue 13): none for an unlimited
+	// route's limit, none for a route never asked.
+	for _, series := range []string{
+		`mdproxy_limit_rate_requests_per_second{route="submit"}`,
+		`mdproxy_requests_total{code="200",method="GET",route="version"}`,
+	} {
+		if got, ok := sidecartest.MetricValue(page, series); ok {
+			t.Errorf("admin /metrics has %s = %v, want no such series", series, got)
 		}
 	}
 
