@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -148,6 +149,26 @@ func (c *coreConn) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// ReadFrom copies an upload's body from r to Core, as the transport does through its
+// writer's ReadFrom: in reads and writes of up to uploadChunk bytes (io.Copy's own
+// buffer is 32 KiB), each write through Write, with its deadlines. Fewer, larger system
+// calls move an upload faster on one core.
+func (c *coreConn) ReadFrom(r io.Reader) (int64, error) {
+	buf := uploadBuffers.Get().(*[uploadChunk]byte)
+	defer uploadBuffers.Put(buf)
+	return io.CopyBuffer(writerOnly{c}, r, buf[:])
+}
+
+// writerOnly hides a writer's ReadFrom from io.CopyBuffer, which would call it back.
+type writerOnly struct{ io.Writer }
+
+// uploadChunk is the most an upload moves to Core in one read and one write, in bytes.
+const uploadChunk = 1 << 20
+
+// uploadBuffers recycles the buffers of uploads in flight: one each, 1 MiB (so 10
+// concurrent uploads hold 10 MiB).
+var uploadBuffers = sync.Pool{New: func() any { return new([uploadChunk]byte) }}
 
 // Close closes the connection and tells its owner, once.
 func (c *coreConn) Close() error {
