@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/metrics"
@@ -67,6 +68,9 @@ func newRedisClient(c *Config, m *metrics.Redis) *redis.Client {
 	o.PoolTimeout = c.RedisTimeout
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true // no CLIENT SETINFO: Redis before 7.2 lacks it
+	// No CLIENT MAINT_NOTIFICATIONS on connect: Redis Enterprise's, an error elsewhere
+	// (counted in mdproxy_redis_errors_total at each new connection).
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	o.DialerRetries = 1      // one dial a call: a refused one is a failed call at once
 	quietRedisLog.Do(func() { redis.SetLogger(discardRedisLog{}) })
 	rdb := redis.NewClient(&o)
