@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"path"
 	"strings"
 	"testing"
 )
@@ -69,6 +70,10 @@ func FuzzCanonicalPath(f *testing.F) {
 		}
 
 		checkCanonical(t, target, got)
+		// The one-pass fast path gives what cleaning and lower-casing every path gives.
+		if want := strings.ToLower(path.Clean("/" + r.URL.Path)); got != want {
+			t.Errorf("canonicalPath(%q) = %q, want %q (path.Clean, lower case)", target, got, want)
+		}
 		if again, ok := canonicalPath(&url.URL{Path: got}); again != got || !ok {
 			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true (fixed point; from target %q)", got, again, ok, got, target)
 		}

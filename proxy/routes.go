@@ -67,17 +67,36 @@ func RouteNames() []string {
 // The canonical path is used for routing only; the path forwarded to Core keeps the
 // client's spelling and encoding.
 func canonicalPath(u *url.URL) (p string, ok bool) {
-	if (u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c")) ||
-		strings.ContainsAny(u.Path, "\\\x00") {
+	if u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c") {
 		return "", false
 	}
 	p = u.Path
-	if !strings.HasPrefix(p, "/") {
-		p = "/" + p
+	// One pass over the path tells whether it is refused, or must be cleaned or
+	// lower-cased; a client's path nearly always is neither, and is returned as it is.
+	clean, lower := len(p) > 0 && p[0] == '/', true
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '\\' || c == 0:
+			return "", false
+		case (c == '/' || c == '.') && i > 0 && p[i-1] == '/':
+			clean = false // "//", or a segment starting with ".": maybe "." or ".."
+		case 'A' <= c && c <= 'Z', c >= 0x80:
+			lower = false
+		}
 	}
-	// Neither Clean nor ToLower allocates when the path is already clean and lower
-	// case, as a client's path nearly always is.
-	return strings.ToLower(path.Clean(p)), true
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		clean = false
+	}
+	if !clean {
+		if !strings.HasPrefix(p, "/") {
+			p = "/" + p
+		}
+		p = path.Clean(p)
+	}
+	if !lower {
+		p = strings.ToLower(p)
+	}
+	return p, true
 }
 
 // containsFold reports whether s contains any of the lower-case escapes, in either

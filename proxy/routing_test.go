@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -259,4 +260,27 @@ func TestHeadForwardedAsHead(t *testing.T) {
 		t.Errorf("upstream got %d HEAD requests, want 1", heads.Load())
 	}
 	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "method": "HEAD", "code": "200"}, 1)
+}
+
+// TestCanonicalPathOddStarts checks paths that net/http's server never hands over but a
+// url.URL may hold: empty, relative, or starting with a dot; each is cleaned as if it
+// began with "/", and none panics.
+func TestCanonicalPathOddStarts(t *testing.T) {
+	for in, want := range map[string]string{
+		"":          "/",
+		".":         "/",
+		"..":        "/",
+		".x/A":      "/.x/a",
+		"file/X":    "/file/x",
+		"*":         "/*",
+		"/file/./X": "/file/x",
+		"/File//x/": "/file/x",
+		"/a/b/../c": "/a/c",
+		"/é/X":      "/é/x",
+	} {
+		got, ok := canonicalPath(&url.URL{Path: in})
+		if !ok || got != want {
+			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true", in, got, ok, want)
+		}
+	}
 }
