@@ -71,7 +71,7 @@ func newRedisClient(c *Config, m *metrics.Redis) *redis.Client {
 	// No CLIENT MAINT_NOTIFICATIONS on connect: Redis Enterprise's, an error elsewhere
 	// (counted in mdproxy_redis_errors_total at each new connection).
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	o.DialerRetries = 1      // one dial a call: a refused one is a failed call at once
+	o.DialerRetries = 1 // one dial a call: a refused one is a failed call at once
 	quietRedisLog.Do(func() { redis.SetLogger(discardRedisLog{}) })
 	rdb := redis.NewClient(&o)
 	rdb.AddHook(redisMetrics{m})
