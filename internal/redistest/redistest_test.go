@@ -2,7 +2,6 @@ package redistest
 
 import (
 	"context"
-	"errors"
 	"os"
 	"runtime"
 	"strings"
@@ -163,23 +162,5 @@ func TestMissingServer(t *testing.T) {
 				t.Errorf("with CI: skipped %q, failed %q, want a failure that says CI is set", f.skipped, f.failed)
 			}
 		}
-	}
-}
-
-// TestExitedEarly: a port taken by someone else makes redis-server exit, which start
-// reports as errExited rather than waiting out startTimeout.
-func TestExitedEarly(t *testing.T) {
-	s := Start(t)
-	other := &Server{t: t, bin: s.bin, dir: t.TempDir(), port: s.port}
-	begin := time.Now()
-	err := other.start()
-	if !errors.Is(err, errExited) {
-		t.Fatalf("start on a taken port = %v, want errExited", err)
-	}
-	if d := time.Since(begin); d > startTimeout/2 {
-		t.Errorf("start on a taken port took %v, want it to notice the exit early", d)
-	}
-	if !strings.Contains(err.Error(), "in use") {
-		t.Logf("the error does not quote the log's reason: %v", err)
 	}
 }

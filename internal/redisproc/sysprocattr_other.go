@@ -1,9 +1,9 @@
 //go:build !linux
 
-package redistest
+package redisproc
 
 import "syscall"
 
-// sysProcAttr is nil where there is no parent-death signal: the clean-up alone stops
+// sysProcAttr is nil where there is no parent-death signal: only Stop or Kill stops
 // redis-server.
 func sysProcAttr() *syscall.SysProcAttr { return nil }
