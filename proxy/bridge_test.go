@@ -43,7 +43,7 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, `{"data_id":"abc","process_info":{"progress_percentage":40}}`)
 	})
-	front, _ := newTestProxy(t, upstream, func(o *Options) { o.Bridge = newTestBridge(t) })
+	front, reg := newTestProxy(t, upstream, func(o *Options) { o.Bridge = newTestBridge(t) })
 	c := newClient(t)
 
 	// The first poll asks Core, then leaves before Core answers.
@@ -95,6 +95,12 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 		if codes[i] != http.StatusOK || bodies[i] != `{"data_id":"abc","process_info":{"progress_percentage":40}}` {
 			t.Errorf("poll %d = %d %q, want Core's answer", i, codes[i], bodies[i])
 		}
+	}
+	// Every poll counts its decision, those sharing another's request included: the
+	// first's and the eight's, all allowed (the route has no limit here).
+	allowed := metricValue(t, reg, "mdproxy_limiter_decisions_total", map[string]string{"route": "file_result", "decision": "allowed"})
+	if allowed != n+1 {
+		t.Errorf("decisions{allowed} = %v for %d polls, want %d (one a poll)", allowed, n+1, n+1)
 	}
 }
 
