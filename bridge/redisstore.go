@@ -197,7 +197,7 @@ func (s *RedisStore) done(err error) bool {
 		return false
 	}
 	if s.down.CompareAndSwap(false, true) {
-		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared, polls that miss go to Core", "err", err, "timeout", s.timeout)
+		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared, polls that miss go to Core", "err", err.Error(), "timeout", s.timeout.String())
 	}
 	return false
 }

@@ -70,7 +70,7 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 	if c.upstream != nil {
 		s.Variables[EnvPrefix+"UPSTREAM_URL"] = c.upstream.Redacted()
 	}
-	s.Variables[EnvPrefix+"REDIS_URL"] = redactedRedisURL(c.RedisURL)
+	s.Variables[EnvPrefix+"REDIS_URL"] = redactedURL(c.RedisURL)
 	trusted := make([]string, len(c.trusted))
 	for i, p := range c.trusted {
 		trusted[i] = p.String()

@@ -240,7 +240,9 @@ func (c *Config) validate(environ map[string]string) error {
 		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad("UPSTREAM_URL", "want an http or https URL with a host, e.g. http://127.0.0.1:8008")
+		// Named without its password, as /config and the logs show it.
+		errs.Add(&envconf.Error{Var: EnvPrefix + "UPSTREAM_URL", Value: redactedURL(c.UpstreamURL),
+			Want: "want an http or https URL with a host, e.g. http://127.0.0.1:8008"})
 	} else {
 		c.upstream = u
 	}

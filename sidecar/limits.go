@@ -118,9 +118,21 @@ func ineffective(environ map[string]string, limits map[string]limiter.Limit) []s
 		if l.ClientLimit == 0 && set(v("CLIENT_WINDOW")) {
 			out = append(out, fmt.Sprintf("%s (%s is 0: no per-client share)", v("CLIENT_WINDOW"), v("CLIENT_LIMIT")))
 		}
+		if l.Unlimited() && set(v("DRY_RUN")) {
+			out = append(out, fmt.Sprintf("%s (the route has no limit to try)", v("DRY_RUN")))
+		}
 	}
 	if name := EnvPrefix + "CLIENT_KEYS_MAX"; !shared && set(name) {
 		out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+	}
+	// Replicas that were meant to share a Redis but were not given one each let the
+	// full rate through: say so.
+	if !set(EnvPrefix + "REDIS_URL") {
+		for _, s := range []string{"REDIS_PREFIX", "REDIS_TIMEOUT", "REPLICAS"} {
+			if set(EnvPrefix + s) {
+				out = append(out, EnvPrefix+s+" (no MDPROXY_REDIS_URL: limits and results are this replica's own)")
+			}
+		}
 	}
 	return out
 }

@@ -99,7 +99,9 @@ func TestLoadConfigRanges(t *testing.T) {
 		{"MDPROXY_FILE_RESULT_CLIENT_WINDOW", "-1s", ">= 0"},
 		{"MDPROXY_FILE_RESULT_DRY_RUN", "maybe", "true or false"},
 		{"MDPROXY_REDIS_URL", "http://redis:6379", "redis:// or rediss://"},
-		{"MDPROXY_REDIS_URL", "redis://redis:6379/db", "redis:// or rediss://"},
+		{"MDPROXY_REDIS_URL", "redis://redis:6379/db", `invalid database number: "db"`},
+		{"MDPROXY_REDIS_URL", "redis://:s3cret@redis:port/0", `invalid port ":port" after host`},
+		{"MDPROXY_UPSTREAM_URL", "ftp://u:s3cret@core:8008", "http or https URL"},
 		{"MDPROXY_REDIS_TIMEOUT", "0s", "above 0"},
 		{"MDPROXY_REDIS_TIMEOUT", "50", "above 0"},
 		{"MDPROXY_REPLICAS", "0", "from 1 up"},
@@ -109,6 +111,9 @@ func TestLoadConfigRanges(t *testing.T) {
 			_, err := LoadConfig(map[string]string{tc.name: tc.value})
 			if err == nil || !sidecartest.NamesVar(err.Error(), tc.name) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("LoadConfig(%s=%q) = %v, want an error naming it and giving its range (%q)", tc.name, tc.value, err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("LoadConfig(%s=%q) = %v, want no password in the error", tc.name, tc.value, err)
 			}
 		})
 	}
@@ -228,6 +233,15 @@ func TestIneffective(t *testing.T) {
 		{"keys bound without a share", map[string]string{
 			"MDPROXY_CLIENT_KEYS_MAX": "10",
 		}, []string{"MDPROXY_CLIENT_KEYS_MAX"}},
+		{"dry run of an unlimited route", map[string]string{
+			"MDPROXY_VERSION_DRY_RUN": "true", "MDPROXY_FILE_RESULT_DRY_RUN": "true",
+		}, []string{"MDPROXY_VERSION_DRY_RUN"}},
+		{"Redis settings without a Redis", map[string]string{
+			"MDPROXY_REPLICAS": "2", "MDPROXY_REDIS_PREFIX": "x:", "MDPROXY_REDIS_TIMEOUT": "1s",
+		}, []string{"MDPROXY_REDIS_PREFIX", "MDPROXY_REDIS_TIMEOUT", "MDPROXY_REPLICAS"}},
+		{"Redis settings with a Redis", map[string]string{
+			"MDPROXY_REPLICAS": "2", "MDPROXY_REDIS_URL": "redis://127.0.0.1:1/0",
+		}, nil},
 		{"set empty is unset", map[string]string{
 			"MDPROXY_STAT_BURST": "", "MDPROXY_CLIENT_KEYS_MAX": "",
 		}, nil},

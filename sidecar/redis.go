@@ -23,7 +23,17 @@ func (c *Config) validateRedis(environ map[string]string) error {
 	if c.RedisURL != "" {
 		opts, err := redis.ParseURL(c.RedisURL)
 		if err != nil {
-			errs.Add(&envconf.Error{Var: EnvPrefix + "REDIS_URL", Value: redactedRedisURL(c.RedisURL), Want: configWants["REDIS_URL"]})
+			// go-redis says what is wrong (the scheme, the port, the database number);
+			// its message may quote the URL, so only its last part is kept.
+			why := strings.TrimPrefix(err.Error(), "redis: ")
+			if i := strings.LastIndex(why, `": `); i >= 0 && strings.Contains(why[:i], "://") {
+				why = why[i+3:] // net/url's error: `parse "<the URL>": <why>`
+			}
+			if strings.Contains(why, "://") {
+				why = "not a valid URL"
+			}
+			errs.Add(&envconf.Error{Var: EnvPrefix + "REDIS_URL", Value: redactedURL(c.RedisURL),
+				Want: configWants["REDIS_URL"] + " (" + why + ")"})
 		} else {
 			c.redisOpts = opts
 		}
@@ -37,9 +47,10 @@ func (c *Config) validateRedis(environ map[string]string) error {
 	return errs.Err()
 }
 
-// redactedRedisURL is u with any password replaced by "xxxxx", for logs and /config;
-// u itself when it does not parse as a URL with a password.
-func redactedRedisURL(u string) string {
+// redactedURL is u, a URL as given (any scheme, parsed or not), with any password
+// replaced by "xxxxx", for logs, /config and the error naming a bad value; u itself
+// when it has no password.
+func redactedURL(u string) string {
 	if i := strings.Index(u, "://"); i >= 0 {
 		rest := u[i+3:]
 		if at := strings.LastIndex(rest, "@"); at >= 0 {

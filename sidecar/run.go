@@ -69,6 +69,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	limitOpts := []limiter.Option{limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log)}
 	mode := func() limiter.Mode { return limiter.ModeLocal }
 	rdb := newRedisClient(cfg, metrics.NewRedis(reg))
+	redisOK := false // the check at start answered
 	if rdb != nil {
 		defer rdb.Close() // after everything that uses it has stopped
 		shared := limiter.NewRedis(rdb, limiter.RedisOptions{Prefix: cfg.RedisPrefix,
@@ -77,8 +78,11 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		mode = shared.Mode
 		pctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 		if err := rdb.Ping(pctx).Err(); err != nil {
-			log.Warn("Redis does not answer yet: the first decisions will fall back to local buckets",
-				"redis", redactedRedisURL(cfg.RedisURL), "error", err.Error())
+			// Not fatal: Redis may come up after mdproxy. A wrong password fails here too.
+			log.Warn("Redis check at start failed (unreachable, too slow, or refusing the login): decisions fall back to local buckets until it answers",
+				"redis", redactedURL(cfg.RedisURL), "error", err.Error())
+		} else {
+			redisOK = true
 		}
 		cancel()
 	}
@@ -161,7 +165,11 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	go func() { errc <- admin.Serve(al) }()
 	br.serve(cfg, log, errc)
 	if rdb != nil {
-		log.Info("limits and results shared on Redis", "redis", redactedRedisURL(cfg.RedisURL),
+		msg := "limits and results shared on Redis"
+		if !redisOK {
+			msg = "limits and results to be shared on Redis once it answers"
+		}
+		log.Info(msg, "redis", redactedURL(cfg.RedisURL),
 			"prefix", cfg.RedisPrefix, "timeout", cfg.RedisTimeout.String(), "replicas", cfg.Replicas)
 	}
 	version, revision, _ := metrics.BuildVersion()
