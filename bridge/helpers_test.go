@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/mdproxy/mdproxy/internal/openapifix"
 )
 
 // fakeClock is a clock that moves only when told, for the bridge (Now) and for otter
@@ -120,6 +121,9 @@ var loadAnalysisSchema = sync.OnceValues(func() (*openapi3.Schema, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading %s: %w", specPath, err)
 	}
+	if n := openapifix.AddNoThreatDetected(doc); n == 0 {
+		return nil, fmt.Errorf(`%s: no schema enumerates "Threat Detected": the spec changed, revisit the patch`, specPath)
+	}
 	pi := doc.Paths.Value("/file/{data_id}")
 	if pi == nil || pi.Get == nil {
 		return nil, fmt.Errorf("%s: no GET /file/{data_id}", specPath)
@@ -129,46 +133,11 @@ var loadAnalysisSchema = sync.OnceValues(func() (*openapi3.Schema, error) {
 		return nil, fmt.Errorf("%s: no JSON answer 200 to GET /file/{data_id}", specPath)
 	}
 	ref := resp.Value.Content.Get("application/json").Schema
-	if n := addNoThreatDetected(ref); n == 0 {
-		return nil, fmt.Errorf(`%s: no schema enumerates "Threat Detected": the spec changed, revisit the patch`, specPath)
-	}
 	if err := ref.Value.Validate(context.Background(), openapi3.DisableExamplesValidation()); err != nil {
 		return nil, fmt.Errorf("%s: the result schema: %w", specPath, err)
 	}
 	return ref.Value, nil
 })
-
-// addNoThreatDetected adds "No Threat Detected" to every schema reachable from ref whose
-// enumeration holds "Threat Detected" but not it, and returns their number.
-func addNoThreatDetected(ref *openapi3.SchemaRef) int {
-	seen := map[*openapi3.Schema]bool{}
-	n := 0
-	var walk func(*openapi3.SchemaRef)
-	walk = func(ref *openapi3.SchemaRef) {
-		if ref == nil || ref.Value == nil || seen[ref.Value] {
-			return
-		}
-		s := ref.Value
-		seen[s] = true
-		if slices.Contains(s.Enum, any("Threat Detected")) && !slices.Contains(s.Enum, any("No Threat Detected")) {
-			s.Enum = append(s.Enum, "No Threat Detected")
-			n++
-		}
-		for _, p := range s.Properties {
-			walk(p)
-		}
-		for _, list := range []openapi3.SchemaRefs{s.AllOf, s.AnyOf, s.OneOf} {
-			for _, r := range list {
-				walk(r)
-			}
-		}
-		walk(s.Items)
-		walk(s.Not)
-		walk(s.AdditionalProperties.Schema)
-	}
-	walk(ref)
-	return n
-}
 
 // checkSchema fails the test unless body is a JSON object valid against OPSWAT's schema
 // of GET /file/{data_id} 200.

@@ -18,9 +18,11 @@ import (
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
+
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/mdproxy/mdproxy/internal/openapifix"
 )
 
 // This file checks the emulator against OPSWAT's OpenAPI description of Core v4.18
@@ -67,7 +69,7 @@ var loadCoreContract = sync.OnceValues(func() (*coreContract, error) {
 	// Spec defect 2: ProcessingResultsStringEnum lists "Threat Detected" where real
 	// Core answers "No Threat Detected" for scan_all_result_i 0 (the same file's own
 	// table says so). Patch the loaded schema rather than make the emulator wrong.
-	patched := addNoThreatDetected(doc)
+	patched := openapifix.AddNoThreatDetected(doc)
 	if patched == 0 {
 		return nil, errors.New(`no schema enumerates "Threat Detected": the spec changed, revisit the patch`)
 	}
@@ -107,74 +109,6 @@ func coreContractFor(t *testing.T) *coreContract {
 		t.Fatalf("loading the OpenAPI contract: %v", err)
 	}
 	return c
-}
-
-// addNoThreatDetected adds "No Threat Detected" to every schema reachable from the
-// operations whose enum holds "Threat Detected" but not it, and returns their number.
-func addNoThreatDetected(doc *openapi3.T) int {
-	seen := map[*openapi3.Schema]bool{}
-	n := 0
-	var walk func(*openapi3.SchemaRef)
-	walk = func(ref *openapi3.SchemaRef) {
-		if ref == nil || ref.Value == nil || seen[ref.Value] {
-			return
-		}
-		s := ref.Value
-		seen[s] = true
-		if slices.Contains(s.Enum, any("Threat Detected")) && !slices.Contains(s.Enum, any("No Threat Detected")) {
-			s.Enum = append(s.Enum, "No Threat Detected")
-			n++
-		}
-		for _, p := range s.Properties {
-			walk(p)
-		}
-		for _, list := range []openapi3.SchemaRefs{s.AllOf, s.AnyOf, s.OneOf} {
-			for _, r := range list {
-				walk(r)
-			}
-		}
-		walk(s.Items)
-		walk(s.Not)
-		walk(s.AdditionalProperties.Schema)
-	}
-	var walkOp func(*openapi3.Operation)
-	walkOp = func(op *openapi3.Operation) {
-		for _, p := range op.Parameters {
-			if p.Value != nil {
-				walk(p.Value.Schema)
-			}
-		}
-		if op.RequestBody != nil && op.RequestBody.Value != nil {
-			for _, mt := range op.RequestBody.Value.Content {
-				walk(mt.Schema)
-			}
-		}
-		if op.Responses != nil {
-			for _, r := range op.Responses.Map() {
-				if r.Value != nil {
-					for _, mt := range r.Value.Content {
-						walk(mt.Schema)
-					}
-				}
-			}
-		}
-		for _, cb := range op.Callbacks {
-			if cb.Value == nil {
-				continue
-			}
-			for _, pi := range cb.Value.Map() {
-				for _, o := range pi.Operations() {
-					walkOp(o)
-				}
-			}
-		}
-	}
-	for _, pi := range doc.Paths.Map() {
-		for _, op := range pi.Operations() {
-			walkOp(op)
-		}
-	}
-	return n
 }
 
 // exchange is one request the emulator answered, as the contract check sees it.
@@ -315,7 +249,7 @@ func (c *coreContract) checkOffSpec(ex exchange) error {
 func TestContractLoads(t *testing.T) {
 	c := coreContractFor(t)
 	if c.patched < 1 {
-		t.Errorf(`addNoThreatDetected(spec) = %d, want >= 1`, c.patched)
+		t.Errorf(`openapifix.AddNoThreatDetected(spec) = %d, want >= 1`, c.patched)
 	}
 	if op := c.doc.Paths.Value("/file/batch/{batchId}/cancel"); op == nil || op.Post == nil {
 		t.Errorf("spec path /file/batch/{batchId}/cancel = missing, want the moved batch cancel")
