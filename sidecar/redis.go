@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -47,20 +48,32 @@ func (c *Config) validateRedis(environ map[string]string) error {
 	return errs.Err()
 }
 
-// redactedURL is u, a URL as given (any scheme, parsed or not), with any password
-// replaced by "xxxxx", for logs, /config and the error naming a bad value; u itself
-// when it has no password.
+// redactedURL is u, a URL as given, with any password replaced by "xxxxx", for logs,
+// /config and the error naming a bad value: u itself without a password, net/url's
+// Redacted when u parses, else the same done by hand on what stands between "://" and
+// the first "/" after it.
 func redactedURL(u string) string {
-	if i := strings.Index(u, "://"); i >= 0 {
-		rest := u[i+3:]
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			userinfo := rest[:at]
-			if user, _, ok := strings.Cut(userinfo, ":"); ok {
-				return u[:i+3] + user + ":xxxxx" + rest[at:]
-			}
+	if parsed, err := url.Parse(u); err == nil {
+		if _, ok := parsed.User.Password(); !ok {
+			return u // as given: nothing to hide
 		}
+		return parsed.Redacted()
 	}
-	return u
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return u
+	}
+	authority, path, _ := strings.Cut(rest, "/")
+	at := strings.LastIndex(authority, "@")
+	user, _, hasPassword := strings.Cut(authority[:max(at, 0)], ":")
+	if at < 0 || !hasPassword {
+		return u
+	}
+	redacted := scheme + "://" + user + ":xxxxx" + authority[at:]
+	if len(authority) < len(rest) {
+		redacted += "/" + path
+	}
+	return redacted
 }
 
 // newRedisClient returns the client of c's Redis, nil when none is configured: no
