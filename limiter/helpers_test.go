@@ -52,17 +52,6 @@ func near(got, want, tol time.Duration) bool {
 // safety net that only a broken limiter reaches, never a wait for a bucket or a window.
 const blockTimeout = 10 * time.Second
 
-// blockUntil waits until clock holds at least n timers (waiting requests, pending
-// sweeps of a per-client share), failing t after blockTimeout.
-func blockUntil(t testing.TB, clock *clockwork.FakeClock, n int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), blockTimeout)
-	defer cancel()
-	if err := clock.BlockUntilContext(ctx, n); err != nil {
-		t.Fatalf("fake clock: fewer than %d timers after %v: %v", n, blockTimeout, err)
-	}
-}
-
 // result returns the decision sent on ch, failing t after blockTimeout.
 func result(t testing.TB, ch <-chan limiter.Decision) limiter.Decision {
 	t.Helper()

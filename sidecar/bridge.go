@@ -159,15 +159,6 @@ func (br *bridgeRunning) close() {
 	br.closeStore()
 }
 
-// proxyBridge is the bridge to hand proxy.Options: nil when off (a nil *bridge.Bridge in
-// the interface would not be nil).
-func (br *bridgeRunning) proxyBridge() *bridge.Bridge {
-	if br == nil {
-		return nil
-	}
-	return br.b
-}
-
 // dialable returns a's host:port with an unspecified host (0.0.0.0, ::) replaced by
 // loopback, so that Core, in the same network namespace, can dial it.
 func dialable(a net.Addr) string {
