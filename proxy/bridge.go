@@ -148,23 +148,14 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 	}
 	key := r.Method + " " + id + " " + string(owner[:])
 	var f *fetched
-	asked := false // this poll's own call asked the limiter (and counted its decision)
 	for {
-		v, _, _ := rt.flight.Do(key, func() (any, error) {
-			asked = true
-			return rt.fetchPoll(r, id, owner), nil
-		})
+		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(r, id, owner), nil })
 		f = v.(*fetched)
 		// The poll that asked Core left (and, waiting for a token, gave its turn on):
 		// a poll still here asks again itself.
 		if !f.canceled || r.Context().Err() != nil {
 			break
 		}
-	}
-	if !asked && !f.canceled {
-		// A poll that shared another's call shares its decision, and counts it too:
-		// mdproxy_limiter_decisions_total counts requests, as without the bridge.
-		rt.decisions[f.decision.Outcome].get().Inc()
 	}
 	// Core was not asked after all, or could not answer: its own limit (429, 503), a
 	// failure (5xx, the proxy's 502 or 504), an answer cut short.
@@ -173,7 +164,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 	if a.Source == bridge.Overdue && unanswered {
 		rt.bridge.NotAsked(id, owner) // the next poll asks again
 	}
-	rec.decision = f.decision.Outcome.String()
+	rec.decide(f.decision) // each poll counts the decision it shares
 	switch {
 	case f.canceled:
 		abort(rec)

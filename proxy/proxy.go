@@ -396,7 +396,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	d := rt.acquire(r.Context(), r)
-	rec.decision = d.Outcome.String()
+	rec.decide(d)
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
 		rt.writeLimit(rec, d)
@@ -429,13 +429,13 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // acquire asks the route's Limiter (the one in place now, kept to the decision's end,
-// whatever a reload swaps in) for a token for r, and counts the decision.
+// whatever a reload swaps in) for a token for r. The decision is counted by finish,
+// once for each request it answers (recorder.decide): the polls that share one question
+// to Core (the bridge) share its decision too.
 func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision {
 	l := rt.limiter.Load().l
 	if l == nil {
-		d := limiter.Decision{Outcome: limiter.Allowed}
-		rt.decisions[d.Outcome].get().Inc()
-		return d
+		return limiter.Decision{Outcome: limiter.Allowed}
 	}
 	var client string
 	if l.Limit().ClientLimit > 0 {
@@ -447,7 +447,6 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 		// a broken limiter protects Core rather than lets everything through.
 		d = limiter.Decision{Outcome: limiter.Rejected, RetryAfter: time.Second}
 	}
-	rt.decisions[d.Outcome].get().Inc()
 	return d
 }
 
@@ -541,6 +540,9 @@ func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
 		status = http.StatusOK
 	}
 	rt.requests.inc(r.Method, status)
+	if rec.decided {
+		rt.decisions[rec.outcome].get().Inc()
+	}
 	if rec.bytes > 0 {
 		rt.responseBytes.get().Add(float64(rec.bytes))
 	}
@@ -695,7 +697,17 @@ type recorder struct {
 	aborted  bool      // abort cut the request, already counted
 	ex       *exchange // nil for answers the proxy gives itself
 	writeErr error     // the first failed write to the client
-	decision string    // the limiter's outcome; "": not asked
+	decision string    // the limiter's outcome (or the bridge's source); "": neither
+	// outcome is the limiter's decision for this request, counted by finish when
+	// decided is set (decide).
+	outcome limiter.Outcome
+	decided bool
+}
+
+// decide records d as the limiter's decision for the request, counted once by finish.
+func (w *recorder) decide(d limiter.Decision) {
+	w.decision = d.Outcome.String()
+	w.outcome, w.decided = d.Outcome, true
 }
 
 func (w *recorder) WriteHeader(code int) {
