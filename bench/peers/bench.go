@@ -41,6 +41,7 @@ type row struct {
 
 // sample is one measurement of a row.
 type sample struct {
+	round        int // the round it was taken in, from 0
 	wrk          wrkResult
 	upstreamGets int64 // GETs the stand-in answered during the wrk run
 	// uploads
@@ -310,7 +311,7 @@ func (b *bench) round(ctx context.Context, r int) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := b.measure(ctx, rw); err != nil {
+			if err := b.measure(ctx, rw, r); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -335,14 +336,15 @@ func (b *bench) round(ctx context.Context, r int) error {
 	return nil
 }
 
-// measure takes one sample of rw.
-func (b *bench) measure(ctx context.Context, rw *row) error {
+// measure takes one sample of rw in round r.
+func (b *bench) measure(ctx context.Context, rw *row, r int) error {
 	t := b.targets[rw.target]
 	if rw.workload == "upload" {
 		s, err := b.measureUpload(ctx, t.base+"/file", b.cfg.uploadSize)
 		if err != nil {
 			return err
 		}
+		s.round = r
 		rw.samples = append(rw.samples, s)
 		b.logf("%s %-22s %8.0f MB/s", rw.workload, rw.label, s.mbps)
 		return nil
@@ -373,7 +375,7 @@ func (b *bench) measure(ctx context.Context, rw *row) error {
 	if err != nil {
 		return err
 	}
-	rw.samples = append(rw.samples, sample{wrk: res, upstreamGets: after.Gets - before.Gets})
+	rw.samples = append(rw.samples, sample{round: r, wrk: res, upstreamGets: after.Gets - before.Gets})
 	b.logf("%s %-22s %8.0f req/s p50 %v p99 %v non-2xx %d", rw.workload, rw.label, res.RPS, res.P50, res.P99, res.Non2xx)
 	return nil
 }

@@ -23,7 +23,11 @@
 // on the same core. The coordinating process (this program) only waits while a
 // measurement runs. All proxies are started once and stay idle while another is
 // measured; measurements are interleaved in rounds (every target once per round, the
-// order rotated each round) and each figure is the median of the rounds.
+// order rotated each round, 11 rounds of 4 s each by default) and each figure is the
+// median of the rounds. A ratio (to the bare Go ceiling, to nginx) is the median of the
+// rounds' ratios, each of two samples taken seconds apart in the same round: the speed
+// of a shared virtual machine drifts by a third from one minute to the next, which a
+// ratio of medians taken minutes apart would keep and a round's ratio cancels.
 //
 // # The limit: 50/s, burst 50, on GET /file/{id}
 //

@@ -44,9 +44,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg := config{bins: map[string]string{}}
-	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "length of each wrk measurement (whole seconds)")
+	fs.DurationVar(&cfg.duration, "duration", 4*time.Second, "length of each wrk measurement (whole seconds)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "wrk run before each measurement, not counted (whole seconds; 0: none)")
-	fs.IntVar(&cfg.rounds, "rounds", 5, "interleaved rounds: every target once a round; the median is reported")
+	fs.IntVar(&cfg.rounds, "rounds", 11, "interleaved rounds: every target once a round; the median is reported, and each ratio is the median of the rounds' ratios")
 	targets := fs.String("targets", strings.Join(allTargets, ","), "targets to run, comma-separated: "+strings.Join(allTargets, ", ")+
 		" (bare: the bare 503 server, the bare ReverseProxy and direct uploads, the ceilings)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma-separated: "+strings.Join(allWorkloads, ", "))

@@ -163,3 +163,26 @@ func TestBrief(t *testing.T) {
 		t.Errorf("processes left after run: %d", len(b.lab.procs))
 	}
 }
+
+// TestRatioPairsRounds: a ratio pairs the samples of the same round, so the machine's
+// drift between rounds cancels, and skips rounds that measured only one of the rows.
+func TestRatioPairsRounds(t *testing.T) {
+	rps := func(round int, v float64) sample { return sample{round: round, wrk: wrkResult{RPS: v}} }
+	// The machine runs at 100%, 60% and 130% of its speed in rounds 0-2; the target is
+	// 0.9 of the ceiling in each. The ratio of the medians would be 90/100 = 0.9 only by
+	// luck of the order; a pairing mistake gives 0.69 or 1.17 here.
+	ceil := &row{workload: "limit", samples: []sample{rps(0, 100), rps(1, 60), rps(2, 130), rps(3, 80)}}
+	got := &row{workload: "limit", samples: []sample{rps(2, 117), rps(0, 90), rps(1, 54), rps(4, 500)}}
+	v, n, ok := ratio(got, ceil)
+	if !ok || n != 3 || v < 0.8999 || v > 0.9001 {
+		t.Errorf("ratio = %v over %d rounds (ok %v), want 0.9 over 3", v, n, ok)
+	}
+	up := &row{workload: "upload", samples: []sample{{round: 0, mbps: 800}, {round: 1, mbps: 1800}}}
+	direct := &row{workload: "upload", samples: []sample{{round: 0, mbps: 1000}, {round: 1, mbps: 2000}}}
+	if v, n, ok := ratio(up, direct); !ok || n != 2 || v < 0.8499 || v > 0.8501 {
+		t.Errorf("upload ratio = %v over %d rounds (ok %v), want the median of 0.8 and 0.9", v, n, ok)
+	}
+	if _, _, ok := ratio(got, &row{workload: "limit"}); ok {
+		t.Errorf("ratio against a row without samples: ok, want none")
+	}
+}

@@ -134,6 +134,39 @@ func (r *row) figure() figure {
 	return f
 }
 
+// value is the figure a sample gives: req/s, or MB/s for an upload.
+func (s sample) value(workload string) float64 {
+	if workload == "upload" {
+		return s.mbps
+	}
+	return s.wrk.RPS
+}
+
+// ratio is a row's speed against another's (its ceiling, or nginx): the median, over
+// the rounds that measured both, of the ratio of the two samples of a round. The two
+// samples of a round are taken seconds apart, so a drift of the machine's speed between
+// rounds (a shared host's) cancels out of each ratio; a ratio of the rows' medians
+// would keep it. n is how many rounds measured both; ok is false when none did.
+func ratio(r, of *row) (v float64, n int, ok bool) {
+	if r == nil || of == nil {
+		return 0, 0, false
+	}
+	den := map[int]float64{}
+	for _, s := range of.samples {
+		den[s.round] = s.value(of.workload)
+	}
+	var rs []float64
+	for _, s := range r.samples {
+		if d, ok := den[s.round]; ok && d > 0 {
+			rs = append(rs, s.value(r.workload)/d)
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0, false
+	}
+	return median(rs), len(rs), true
+}
+
 // find returns the row of workload through target, nil when there is none.
 func (b *bench) find(workload, target string) *row {
 	for _, r := range b.rows {
@@ -161,17 +194,17 @@ type criterion struct {
 // criteria evaluates issue 13's acceptance on the medians.
 func (b *bench) criteria() []criterion {
 	var cs []criterion
-	ratio := func(name, workload, target string, want float64, extra func(got, ceil figure) (bool, string)) {
+	check := func(name, workload, target string, want float64, extra func(got, ceil figure) (bool, string)) {
 		got, ceil := b.fig(workload, target), b.fig(workload, ceilings[workload])
 		c := criterion{name: name}
-		if !got.ok || !ceil.ok {
+		r, n, ok := ratio(b.find(workload, target), b.find(workload, ceilings[workload]))
+		if !got.ok || !ceil.ok || !ok {
 			c.result, c.detail = "SKIP", "not measured"
 			cs = append(cs, c)
 			return
 		}
-		r := got.value / ceil.value
 		pass := r >= want
-		c.detail = fmt.Sprintf("%.2f of the ceiling (%s against %s), want >= %.2f", r, num(workload, got.value), num(workload, ceil.value), want)
+		c.detail = fmt.Sprintf("%.2f of the ceiling (the median of %d rounds' ratios; medians %s against %s), want >= %.2f", r, n, num(workload, got.value), num(workload, ceil.value), want)
 		if extra != nil {
 			ok, d := extra(got, ceil)
 			pass = pass && ok
@@ -180,18 +213,20 @@ func (b *bench) criteria() []criterion {
 		c.result = map[bool]string{true: "PASS", false: "FAIL"}[pass]
 		cs = append(cs, c)
 	}
-	ratio("limit answer >= 0.9 of the bare 503 server", "limit", "mdproxy", 0.9, nil)
-	ratio("forwarded poll >= 1.0 of the bare ReverseProxy, p99 no worse", "forward", "mdproxy-fwd", 1.0, func(got, ceil figure) (bool, string) {
+	check("limit answer >= 0.9 of the bare 503 server", "limit", "mdproxy", 0.9, nil)
+	check("forwarded poll >= 1.0 of the bare ReverseProxy, p99 no worse", "forward", "mdproxy-fwd", 1.0, func(got, ceil figure) (bool, string) {
 		return got.p99 <= ceil.p99, fmt.Sprintf("p99 %s against %s", dur(got.p99), dur(ceil.p99))
 	})
 	// The upload criterion holds for mdproxy as deployed (bridge on) and without the
 	// bridge: the lower of the two counts.
 	up := "mdproxy"
-	if on, off := b.fig("upload", "mdproxy-bridge"), b.fig("upload", "mdproxy"); on.ok && (!off.ok || on.value < off.value) {
+	direct := b.find("upload", "direct")
+	on, _, onOK := ratio(b.find("upload", "mdproxy-bridge"), direct)
+	if off, _, offOK := ratio(b.find("upload", "mdproxy"), direct); onOK && (!offOK || on < off) {
 		up = "mdproxy-bridge"
 	}
-	ratio("upload >= 0.9 of direct (the lower of mdproxy's bridge-on and bridge-off rows)", "upload", up, 0.9, nil)
-	ratio("store hit >= 0.9 of the bare 503 server", "storehit", "mdproxy-bridge", 0.9, nil)
+	check("upload >= 0.9 of direct (the lower of mdproxy's bridge-on and bridge-off rows)", "upload", up, 0.9, nil)
+	check("store hit >= 0.9 of the bare 503 server", "storehit", "mdproxy-bridge", 0.9, nil)
 	c := criterion{name: fmt.Sprintf("resident memory growth < 32 MiB for %d concurrent %s uploads", b.cfg.rssUploads, size(b.cfg.rssSize))}
 	if len(b.rss) == 0 {
 		c.result, c.detail = "SKIP", "not measured"
@@ -274,13 +309,13 @@ func (b *bench) markdown() string {
 	if b.lab.taskset == "" {
 		pin = "nothing pinned (taskset absent)"
 	}
-	w("- Setup: %s; wrk -t%d -c%d -d%s --latency %s; uploads of %s, one connection at a time; interleaved rounds: %d (every target once a round, the order rotated), the median of the rounds shown. The limit is 50/s, burst 50, on GET /file/{id} (see `go doc ./bench/peers` for each peer's configuration).\n\n",
+	w("- Setup: %s; wrk -t%d -c%d -d%s --latency %s; uploads of %s, one connection at a time; interleaved rounds: %d (every target once a round, the order rotated), the median of the rounds shown, and each ratio the median of the rounds' ratios. The limit is 50/s, burst 50, on GET /file/{id} (see `go doc ./bench/peers` for each peer's configuration).\n\n",
 		pin, cfg.threads, cfg.connections, wrkSeconds(cfg.duration), warm(cfg.warmup), size(cfg.uploadSize), cfg.rounds)
 
 	w("| workload | target | req/s (MB/s for uploads) | p50 | p99 | ratio to bare Go | ratio to nginx | rounds: lowest-highest | answers |\n")
 	w("|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range allWorkloads {
-		ceil, ngx := b.fig(wl, ceilings[wl]), b.fig(wl, nginxOf[wl])
+		ceil, ngx := b.find(wl, ceilings[wl]), b.find(wl, nginxOf[wl])
 		for _, r := range b.rows {
 			if r.workload != wl {
 				continue
@@ -295,11 +330,11 @@ func (b *bench) markdown() string {
 				continue
 			}
 			cr, nr := "-", "-"
-			if ceil.ok {
-				cr = fmt.Sprintf("%.2f", f.value/ceil.value)
+			if v, _, ok := ratio(r, ceil); ok {
+				cr = fmt.Sprintf("%.2f", v)
 			}
-			if ngx.ok {
-				nr = fmt.Sprintf("%.2f", f.value/ngx.value)
+			if v, _, ok := ratio(r, ngx); ok {
+				nr = fmt.Sprintf("%.2f", v)
 			}
 			p50, p99 := dur(f.p50), dur(f.p99)
 			if wl == "upload" {
@@ -355,7 +390,7 @@ func (b *bench) markdown() string {
 			w("- A measurement of %s through %s failed: %s\n", r.workload, r.label, oneLine(e))
 		}
 	}
-	w("- Ratios are of medians: to the bare Go ceiling of the workload (the bare net/http 503 server for the limit answer and the store hit, the bare httputil.ReverseProxy for the forwarded poll, direct to the stand-in for uploads) and to nginx.\n")
+	w("- Ratios are to the bare Go ceiling of the workload (the bare net/http 503 server for the limit answer and the store hit, the bare httputil.ReverseProxy for the forwarded poll, direct to the stand-in for uploads) and to nginx: each the median, over the rounds, of the ratio of the two rows' samples of the same round. The two samples of a round are taken seconds apart, so that a change of the machine's speed between rounds (this is a shared virtual machine: the same server measures a third faster or slower from one minute to the next) cancels out of each ratio, where it would stay in a ratio of medians.\n")
 	w("- HAProxy has no token bucket: its limit is a stick-table counting the requests let through (gpc0) and refusing while their rate over the last second (gpc0_rate(1s), a sliding estimate) is 50 or more; same long-run 50/s, but at most about 50 in any second where a full token bucket of 50 lets 50 at once and 50 more within the second.\n")
 	w("- Caddy: Debian's caddy has no rate-limit module, so it has no limit-answer row; it forwards polls and uploads.\n")
 	w("- Forwarded poll: mdproxy runs with MDPROXY_FILE_RESULT_RATE=1000000 (a token is taken for every poll, as under a limit not reached), nginx and HAProxy without a limit; every proxy keeps up to 256 idle connections to the stand-in.\n")
