@@ -138,6 +138,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		rt.polls[a.Source].Inc()
 		rec.decision = a.Source.String()
 		h := rec.Header()
+		h["Date"] = dateValue(rec.start) // answered from memory (or Redis) at once
 		h["Content-Type"] = rt.contentType(a.ContentType)
 		h["Content-Length"] = rt.contentLength(len(a.Body))
 		rec.WriteHeader(http.StatusOK)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/limiter"
 )
 
 // newTestBridge returns a bridge on a fresh store, for the proxy's options.
@@ -157,5 +158,63 @@ func TestBridgeOverdueCoreError(t *testing.T) {
 	}
 	if got := polls.Load(); got != 2 {
 		t.Errorf("questions to Core = %d, want 2 (the id stays overdue after Core's error)", got)
+	}
+}
+
+// TestOwnAnswersDated: the answers the proxy gives itself without Core, a limit answer
+// and a store hit, carry one Date header of the time they were given (RFC 9110, section
+// 6.6.1), which the proxy sets from the request's start rather than net/http from a
+// clock read of its own.
+func TestOwnAnswersDated(t *testing.T) {
+	const id = "61dffeaa728844adbf49eb090e4ece0e"
+	store, err := bridge.NewMemoryStore(1<<20, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	br, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Put(id, bridge.Result{Body: []byte(`{"data_id":"` + id + `"}`), ContentType: "application/json", Owner: bridge.OwnerOf("k")})
+	set := limitSet(t, map[string]limiter.Limit{"batch_status": {Rate: 0.001, Burst: 1}}, nil)
+	base, _ := newTestProxy(t, &countingUpstream{}, func(o *Options) {
+		o.Limits = set
+		o.Bridge = br
+	})
+	if resp, _ := do(t, nil, http.MethodGet, base+"/file/batch/b1", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: status = %d, want 200", resp.StatusCode)
+	}
+	for _, tc := range []struct {
+		name, path string
+		want       int
+	}{
+		{"limit answer", "/file/batch/b1", http.StatusServiceUnavailable},
+		{"store hit", "/file/" + id, http.StatusOK},
+	} {
+		// Several answers, so that some share a memoized value and, over a second
+		// boundary, some do not.
+		for i := range 6 {
+			before := time.Now().Truncate(time.Second)
+			resp, _ := do(t, nil, http.MethodGet, base+tc.path, http.Header{"Apikey": {"k"}})
+			after := time.Now()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%s: status = %d, want %d", tc.name, resp.StatusCode, tc.want)
+			}
+			dates := resp.Header.Values("Date")
+			if len(dates) != 1 {
+				t.Fatalf("%s: Date headers %q, want one", tc.name, dates)
+			}
+			d, err := http.ParseTime(dates[0])
+			if err != nil || !strings.HasSuffix(dates[0], " GMT") {
+				t.Fatalf("%s: Date %q is not an IMF-fixdate: %v", tc.name, dates[0], err)
+			}
+			if d.Before(before) || d.After(after) {
+				t.Errorf("%s: Date %v, want between %v and %v", tc.name, d, before, after)
+			}
+			if i == 2 {
+				time.Sleep(time.Until(after.Truncate(time.Second).Add(time.Second)))
+			}
+		}
 	}
 }

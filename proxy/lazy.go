@@ -47,7 +47,16 @@ func counterOf(vec *prometheus.CounterVec, labels ...string) *lazy[prometheus.Co
 type codeCounters struct {
 	vec   *prometheus.CounterVec
 	route string
-	byKey sync.Map // uint32(method index<<16 | code) -> prometheus.Counter
+	byKey sync.Map // uint32(method index<<16 | code) -> *codeMemo
+	// last is the key counted last: a route answers runs of the same method and code
+	// (a poll storm, its limit answers), and one atomic load then finds the counter.
+	last atomic.Pointer[codeMemo]
+}
+
+// codeMemo is a key of codeCounters.byKey and its counter, made once per key.
+type codeMemo struct {
+	key uint32
+	ctr prometheus.Counter
 }
 
 // inc counts one answer of code to a request of method ("" for a vector without a
@@ -59,18 +68,23 @@ func (c *codeCounters) inc(method string, code int) {
 		mi = methodIndex(method)
 	}
 	key |= uint32(mi) << 16
-	if v, ok := c.byKey.Load(key); ok {
-		v.(prometheus.Counter).Inc()
-		return
+	m := c.last.Load()
+	if m == nil || m.key != key {
+		if v, ok := c.byKey.Load(key); ok {
+			m = v.(*codeMemo)
+		} else {
+			m = &codeMemo{key: key}
+			if method == "" {
+				m.ctr = c.vec.WithLabelValues(c.route, strconv.Itoa(code))
+			} else {
+				m.ctr = c.vec.WithLabelValues(c.route, metrics.Method(method), strconv.Itoa(code))
+			}
+			v, _ := c.byKey.LoadOrStore(key, m)
+			m = v.(*codeMemo)
+		}
+		c.last.Store(m)
 	}
-	var ctr prometheus.Counter
-	if method == "" {
-		ctr = c.vec.WithLabelValues(c.route, strconv.Itoa(code))
-	} else {
-		ctr = c.vec.WithLabelValues(c.route, metrics.Method(method), strconv.Itoa(code))
-	}
-	v, _ := c.byKey.LoadOrStore(key, ctr)
-	v.(prometheus.Counter).Inc()
+	m.ctr.Inc()
 }
 
 // methodIndex is the index of method in metrics.Methods, len(metrics.Methods) for

@@ -363,7 +363,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1)}
+	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1), start: start}
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler && !rec.aborted {
@@ -452,8 +452,11 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 
 // writeLimit answers a request the bucket rejected: the limit status with Retry-After
 // and a Core-style body.
-func (rt *route) writeLimit(w http.ResponseWriter, d limiter.Decision) {
+func (rt *route) writeLimit(w *recorder, d limiter.Decision) {
 	h := w.Header()
+	if d.Waited == 0 {
+		h["Date"] = dateValue(w.start) // decided on arrival: start is now
+	}
 	h["Retry-After"] = rt.retryAfterValue(d.RetryAfterSeconds())
 	body, length := rt.rejectBody, rt.rejectLength
 	if d.Outcome == limiter.RejectedClient {
@@ -488,6 +491,31 @@ func (rt *route) retryAfterValue(s int) []string {
 	}
 	v := []string{strconv.Itoa(s)}
 	rt.lastRetry.Store(&retryMemo{s, v})
+	return v
+}
+
+// lastDate is the Date header value of the latest second dateValue was asked for.
+var lastDate atomic.Pointer[dateMemo]
+
+// dateMemo is the Date header value of the second sec (Unix time).
+type dateMemo struct {
+	sec int64
+	v   []string
+}
+
+// dateValue returns the Date header value of t (RFC 9110, section 6.6.1: IMF-fixdate,
+// whole seconds), for an answer the proxy gives itself within moments of t. net/http
+// would read the clock and format the date for every answer without one; the proxy
+// has read the clock already (the request's start), and formats the value once a
+// second. Safe for concurrent use: answers in the same second share one value, which
+// net/http never modifies.
+func dateValue(t time.Time) []string {
+	sec := t.Unix()
+	if m := lastDate.Load(); m != nil && m.sec == sec {
+		return m.v
+	}
+	v := []string{t.UTC().Format(http.TimeFormat)}
+	lastDate.Store(&dateMemo{sec, v})
 	return v
 }
 
@@ -698,6 +726,7 @@ type recorder struct {
 	ex       *exchange // nil for answers the proxy gives itself
 	writeErr error     // the first failed write to the client
 	decision string    // the limiter's outcome (or the bridge's source); "": neither
+	start    time.Time // when the request reached the route
 	// outcome is the limiter's decision for this request, counted by finish when
 	// decided is set (decide).
 	outcome limiter.Outcome
