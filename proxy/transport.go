@@ -75,6 +75,9 @@ func NewTransport(o TransportOptions) *http.Transport {
 			if err != nil {
 				return nil, err
 			}
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetWriteBuffer(coreSendBuffer) // best effort: the kernel may cap it
+			}
 			return &coreConn{Conn: c, idle: idle, headers: headers, closed: make(chan struct{})}, nil
 		},
 		ForceAttemptHTTP2:     false,
@@ -98,6 +101,17 @@ func NewTransport(o TransportOptions) *http.Transport {
 // connection to Core, in bytes: 64 KiB each, 128 KiB a connection, kept while the
 // connection is pooled (MaxIdleConnsPerHost bounds them).
 const transportBufferSize = 64 << 10
+
+// coreSendBuffer is the socket send buffer asked for each connection to Core
+// (SO_SNDBUF), in bytes; Linux caps it at net.core.wmem_max and doubles it for its own
+// bookkeeping. An upload moves to Core in writes of up to uploadChunk bytes: with the
+// kernel's default buffer (16 KiB, grown by autotuning) each write waits for Core to
+// read most of the chunk, and the client's next bytes wait unread meanwhile; with room
+// for a few chunks the write returns at once and the proxy reads on. Measured on
+// loopback, 1 GiB uploads: 1480 MB/s with the default, 1740 MB/s with it (direct to the
+// stand-in 2046). It costs nothing while a connection carries small requests: the
+// kernel allocates buffer memory for the bytes queued, not for the size.
+const coreSendBuffer = 4 << 20
 
 // earlyAnswerGrace bounds how long a failed write to Core is held back so that Core's
 // answer, already on its way, wins over the write error.

@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestCoreSendBuffer: each connection to Core asks for a send buffer of coreSendBuffer
+// bytes (capped by net.core.wmem_max; Linux reports twice what it grants), where the
+// kernel's default would start at 16 KiB and hold an upload's writes back.
+func TestCoreSendBuffer(t *testing.T) {
+	t.Parallel()
+	core := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer core.Close()
+	tr := NewTransport(TransportOptions{})
+	defer tr.CloseIdleConnections()
+	var conn net.Conn
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { conn = info.Conn },
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, core.URL+"/file/x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	cc := coreConnOf(conn)
+	if cc == nil {
+		t.Fatalf("connection to Core = %T, want a *coreConn", conn)
+	}
+	raw, err := cc.Conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }); err != nil || serr != nil {
+		t.Fatalf("getsockopt SO_SNDBUF: %v %v", err, serr)
+	}
+	want := coreSendBuffer
+	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
+		if max, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && max < want {
+			want = max
+		}
+	}
+	if got < 2*want {
+		t.Errorf("SO_SNDBUF of the connection to Core = %d bytes, want %d (twice the %d asked for, as Linux reports it)", got, 2*want, want)
+	}
+}
