@@ -31,8 +31,8 @@
 //
 // # The limit: 50/s, burst 50, on GET /file/{id}
 //
-//   - mdproxy: MDPROXY_FILE_RESULT_RATE=50, MDPROXY_FILE_RESULT_BURST=50 (a token bucket,
-//     x/time/rate), MDPROXY_BRIDGE=false.
+//   - mdproxy: MDPROXY_FILE_RESULT_RATE=50, MDPROXY_FILE_RESULT_BURST=50 (mdproxy's token bucket,
+//     GCRA with x/time/rate's semantics), MDPROXY_BRIDGE=false.
 //   - nginx: limit_req_zone (one key for the route) rate=50r/s, limit_req burst=50 nodelay,
 //     limit_req_status 503: a leaky bucket that, with nodelay, admits what a token bucket of
 //     rate 50 and size 50 admits.
