@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
@@ -24,9 +25,25 @@ import (
 	"github.com/mdproxy/mdproxy/sidecar"
 )
 
+// gcPercent is mdproxy's garbage collection target when GOGC is not set: the heap may
+// grow by 200% of what is live before a collection (Go's default is 100). mdproxy keeps
+// about 1 MB live and allocates about 2 KB for each request (mostly net/http's own), so
+// at Go's default its heap target is the runtime's 4 MB floor, and under a poll storm it
+// collects 40 to 70 times a second, each collection marking that live megabyte again:
+// about 5% of its core (store hits measured with GODEBUG=gctrace=1: 1.1 ms of
+// collection a thousand answers). At 200 it collects half as often for a third of that
+// (0.36 ms a thousand answers), and its heap target at rest is 8 MB instead of 4; the
+// uploads' buffers are not part of it (10 concurrent uploads grow the resident memory
+// by 12 MiB either way). GOGC in the environment decides instead when set, and
+// GOMEMLIMIT caps the heap as usual.
+const gcPercent = 200
+
 func main() {
 	if code, exit := cli.Parse("mdproxy", help(), usage, os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
+	}
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(gcPercent)
 	}
 	// SIGHUP reloads the limits file (MDPROXY_LIMITS_FILE); its default action would
 	// kill mdproxy, uploads in flight with it.

@@ -286,3 +286,23 @@ func TestBinary(t *testing.T) {
 		})
 	}
 }
+
+// TestGCPercent: mdproxy collects garbage at a 200% heap target (gcPercent) unless GOGC
+// is set, which then decides; go_gc_gogc_percent, the Go collector's metric, shows
+// the target in effect.
+func TestGCPercent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		want float64
+	}{
+		{nil, gcPercent},
+		{map[string]string{"GOGC": "50"}, 50},
+		{map[string]string{"GOGC": "100"}, 100},
+	} {
+		p := startBinary(t, "", tc.env)
+		if got := p.metric(t, "go_gc_gogc_percent"); got != tc.want {
+			t.Errorf("GOGC %q: go_gc_gogc_percent = %v, want %v", tc.env["GOGC"], got, tc.want)
+		}
+	}
+}
