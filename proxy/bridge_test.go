@@ -17,6 +17,13 @@ import (
 // newTestBridge returns a bridge on a fresh store, for the proxy's options.
 func newTestBridge(t *testing.T) *bridge.Bridge {
 	t.Helper()
+	b, _ := newTestBridgeStore(t)
+	return b
+}
+
+// newTestBridgeStore returns a bridge on a fresh store, and the store.
+func newTestBridgeStore(t *testing.T) (*bridge.Bridge, *bridge.MemoryStore) {
+	t.Helper()
 	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +33,7 @@ func newTestBridge(t *testing.T) *bridge.Bridge {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return b, store
 }
 
 // TestBridgePollsShareOneCoreRequest: concurrent polls of an id the bridge does not know
@@ -167,15 +174,7 @@ func TestBridgeOverdueCoreError(t *testing.T) {
 // clock read of its own.
 func TestOwnAnswersDated(t *testing.T) {
 	const id = "61dffeaa728844adbf49eb090e4ece0e"
-	store, err := bridge.NewMemoryStore(1<<20, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	br, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
+	br, store := newTestBridgeStore(t)
 	store.Put(id, bridge.Result{Body: []byte(`{"data_id":"` + id + `"}`), ContentType: "application/json", Owner: bridge.OwnerOf("k")})
 	set := limitSet(t, map[string]limiter.Limit{"batch_status": {Rate: 0.001, Burst: 1}}, nil)
 	base, _ := newTestProxy(t, &countingUpstream{}, func(o *Options) {

@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"context"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"os"
 	"strconv"
 	"strings"
@@ -23,20 +20,10 @@ func TestCoreSendBuffer(t *testing.T) {
 	defer core.Close()
 	tr := NewTransport(TransportOptions{})
 	defer tr.CloseIdleConnections()
-	var conn net.Conn
-	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
-		GotConn: func(info httptrace.GotConnInfo) { conn = info.Conn },
-	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, core.URL+"/file/x", nil)
+	_, conn, err := roundTripConn(t, tr, core.URL+"/file/x")
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 
 	cc := coreConnOf(conn)
 	if cc == nil {

@@ -30,21 +30,7 @@ func TestTransportTLS(t *testing.T) {
 	get := func(cfg *tls.Config) (*http.Response, net.Conn, error) {
 		tr := NewTransport(TransportOptions{TLSClientConfig: cfg})
 		defer tr.CloseIdleConnections()
-		var conn net.Conn
-		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
-			GotConn: func(info httptrace.GotConnInfo) { conn = info.Conn },
-		})
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, core.URL+"/file/x", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return nil, nil, err
-		}
-		defer resp.Body.Close()
-		_, err = io.ReadAll(resp.Body)
-		return resp, conn, err
+		return roundTripConn(t, tr, core.URL+"/file/x")
 	}
 
 	resp, conn, err := get(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})
@@ -62,4 +48,25 @@ func TestTransportTLS(t *testing.T) {
 	if _, _, err := get(nil); err == nil {
 		t.Errorf("GET %s/file/x without Core's CA: no error, want a certificate verification error", core.URL)
 	}
+}
+
+// roundTripConn GETs u through tr and returns the answer, its body read and closed,
+// and the connection it came on.
+func roundTripConn(t testing.TB, tr http.RoundTripper, u string) (*http.Response, net.Conn, error) {
+	t.Helper()
+	var conn net.Conn
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { conn = info.Conn },
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	return resp, conn, err
 }
