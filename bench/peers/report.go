@@ -191,7 +191,7 @@ type criterion struct {
 	detail string
 }
 
-// criteria evaluates issue 13's acceptance on the medians.
+// criteria evaluates issue 13's acceptance on the rounds' ratios (see ratio).
 func (b *bench) criteria() []criterion {
 	var cs []criterion
 	check := func(name, workload, target string, want float64, extra func(got, ceil figure) (bool, string)) {
