@@ -349,12 +349,11 @@ func (p *Proxy) routeOf(method, cp string) *route {
 
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	start := time.Now()
+	rec := &recorder{ResponseWriter: w, start: time.Now()}
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	rec := &recorder{ResponseWriter: w}
 	writeError(rec, status, msg)
-	rt.finish(rec, r, start)
+	rt.finish(rec, r)
 }
 
 // ServeHTTP takes a token from the route's bucket, then forwards r to Core; or answers
@@ -369,10 +368,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if v == http.ErrAbortHandler && !rec.aborted {
 				rt.countCut(rec, r)
 			}
-			rt.finish(rec, r, start)
+			rt.finish(rec, r)
 			panic(v)
 		}
-		rt.finish(rec, r, start)
+		rt.finish(rec, r)
 	}()
 
 	// Core refuses chunked uploads with 411 (docs/core-api.md); answer it here,
@@ -561,8 +560,8 @@ func (rt *route) countCut(rec *recorder, r *http.Request) {
 	}
 }
 
-// finish counts the request once its answer is over.
-func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
+// finish counts the request once its answer is over, its duration from rec.start.
+func (rt *route) finish(rec *recorder, r *http.Request) {
 	status := rec.status
 	if status == 0 {
 		status = http.StatusOK
@@ -574,7 +573,7 @@ func (rt *route) finish(rec *recorder, r *http.Request, start time.Time) {
 	if rec.bytes > 0 {
 		rt.responseBytes.get().Add(float64(rec.bytes))
 	}
-	elapsed := time.Since(start)
+	elapsed := time.Since(rec.start)
 	rt.duration.get().Observe(elapsed.Seconds())
 	if ctx := r.Context(); rt.log.Enabled(ctx, slog.LevelDebug) {
 		rt.logRequest(ctx, rec, r, status, elapsed)
@@ -726,7 +725,7 @@ type recorder struct {
 	ex       *exchange // nil for answers the proxy gives itself
 	writeErr error     // the first failed write to the client
 	decision string    // the limiter's outcome (or the bridge's source); "": neither
-	start    time.Time // when the request reached the route
+	start    time.Time // when the request reached the route: its duration, its Date
 	// outcome is the limiter's decision for this request, counted by finish when
 	// decided is set (decide).
 	outcome limiter.Outcome
