@@ -33,7 +33,9 @@ type Limiter interface {
 	// be within MaxWait, Acquire blocks until then, or until ctx ends (outcome
 	// Canceled, the token given back). Rejections return at once and consume nothing.
 	Acquire(ctx context.Context, client string) Decision
-	// Limit returns the configuration in force, Burst filled in.
+	// Limit returns the configuration in force, Burst filled in. It is the same for
+	// the Limiter's whole life: a new limit comes as a new Limiter (the proxy reads it
+	// once, when it puts the Limiter in place).
 	Limit() Limit
 }
 
