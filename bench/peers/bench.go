@@ -88,6 +88,7 @@ type bench struct {
 // workloadRows are the rows of each workload, in the table's order: the ceiling first.
 var workloadRows = []struct{ workload, label, target string }{
 	{"limit", "bare net/http 503", "bare503"},
+	{"limit", "bare net/http 503, mdproxy's timeouts", "bare503t"},
 	{"limit", "mdproxy", "mdproxy"},
 	{"limit", "nginx", "nginx"},
 	{"limit", "HAProxy", "haproxy"},
@@ -176,7 +177,7 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	add("direct", "bare", b.standin, "")
 	if cfg.targets["bare"] {
-		for _, s := range []struct{ key, role string }{{"bare503", "bare503"}, {"bareproxy", "bareproxy"}} {
+		for _, s := range []struct{ key, role string }{{"bare503", "bare503"}, {"bare503t", "bare503t"}, {"bareproxy", "bareproxy"}} {
 			addr, err := freePort()
 			if err != nil {
 				return err
@@ -188,6 +189,7 @@ func (b *bench) setup(ctx context.Context) error {
 		}
 	} else {
 		add("bare503", "bare", "", "")
+		add("bare503t", "bare", "", "")
 		add("bareproxy", "bare", "", "")
 	}
 

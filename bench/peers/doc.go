@@ -1,7 +1,11 @@
 // Command peers measures mdproxy side by side with its peers on one machine: nginx,
 // HAProxy and Caddy (the Debian packages), a bare net/http server answering a fixed 503
 // (the ceiling of a limit answer in Go) and a bare httputil.ReverseProxy (the ceiling of
-// forwarding in Go), each in front of the same stand-in upstream. It is issue 13's peers
+// forwarding in Go), each in front of the same stand-in upstream. A second bare 503
+// server, with the client timeouts mdproxy's server has by default
+// (MDPROXY_READ_HEADER_TIMEOUT, MDPROXY_IDLE_TIMEOUT), has a row of the limit answer of
+// its own: what those timeouts cost a net/http server, apart from mdproxy's own work.
+// The ratios and criteria stay against the bare server without them. It is issue 13's peers
 // benchmark; one command, from the repository's root:
 //
 //	go run ./bench/peers -out bench/results/peers.md

@@ -123,7 +123,7 @@ func TestBrief(t *testing.T) {
 			if s.wrk.Requests == 0 || s.wrk.Non2xx == 0 {
 				t.Errorf("limit answer through %s: %d answers, %d of them not 2xx, want some, nearly all 503", r.label, s.wrk.Requests, s.wrk.Non2xx)
 			}
-			if r.target == "bare503" && s.wrk.Non2xx != s.wrk.Requests {
+			if (r.target == "bare503" || r.target == "bare503t") && s.wrk.Non2xx != s.wrk.Requests {
 				t.Errorf("bare 503 server: %d of %d answers not 2xx, want all", s.wrk.Non2xx, s.wrk.Requests)
 			}
 			// What the limit let through reached the stand-in, and no more: at most a
@@ -184,5 +184,20 @@ func TestRatioPairsRounds(t *testing.T) {
 	}
 	if _, _, ok := ratio(got, &row{workload: "limit"}); ok {
 		t.Errorf("ratio against a row without samples: ok, want none")
+	}
+}
+
+// TestTimedBare503 checks that the second bare 503 server has both client timeouts of
+// mdproxy's server: without them its row would measure the plain server again.
+func TestTimedBare503(t *testing.T) {
+	srv, err := timedBare503()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.ReadHeaderTimeout <= 0 || srv.IdleTimeout <= 0 {
+		t.Errorf("ReadHeaderTimeout %v, IdleTimeout %v, want both above 0 (mdproxy's defaults)", srv.ReadHeaderTimeout, srv.IdleTimeout)
+	}
+	if _, ok := srv.Handler.(bare503); !ok {
+		t.Errorf("handler %T, want bare503", srv.Handler)
 	}
 }

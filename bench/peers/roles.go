@@ -21,13 +21,15 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/mdproxy/mdproxy/sidecar"
 )
 
 // The processes this program starts of itself: the coordinator runs its own executable
 // again with roleEnv set (main, or TestMain under go test), so that the stand-in, the
 // bare servers and the upload client are processes of their own, pinned to a core.
 const (
-	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bareproxy or upload
+	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bare503t, bareproxy or upload
 	addrEnv     = "MDPEERS_ADDR"     // the address a server role listens on
 	upstreamEnv = "MDPEERS_UPSTREAM" // bareproxy's upstream, host:port
 	urlEnv      = "MDPEERS_URL"      // upload: where to POST
@@ -46,6 +48,11 @@ func runRole(role string) int {
 		err = serve(os.Getenv(addrEnv), newStandin())
 	case "bare503":
 		err = serve(os.Getenv(addrEnv), bare503{})
+	case "bare503t":
+		var srv *http.Server
+		if srv, err = timedBare503(); err == nil {
+			err = serveWith(os.Getenv(addrEnv), srv)
+		}
 	case "bareproxy":
 		err = serve(os.Getenv(addrEnv), newBareProxy(os.Getenv(upstreamEnv)))
 	case "upload":
@@ -60,15 +67,20 @@ func runRole(role string) int {
 	return 0
 }
 
-// serve serves h on addr until SIGTERM or SIGINT.
+// serve serves h on addr with net/http's defaults, as a plain Go server has them,
+// until SIGTERM or SIGINT.
 func serve(addr string, h http.Handler) error {
+	return serveWith(addr, &http.Server{Handler: h})
+}
+
+// serveWith runs srv on addr until SIGTERM or SIGINT.
+func serveWith(addr string, srv *http.Server) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	srv := &http.Server{Handler: h} // bare: net/http's defaults, as a plain Go server has them
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -104,6 +116,19 @@ func (bare503) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(limitBytes)
+}
+
+// timedBare503 is the bare503 server with the client timeouts mdproxy's server has by
+// default (MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT, read from its
+// configuration's defaults): the ceiling of a limit answer for a Go server that bounds
+// slow and idle clients, which net/http does with a read deadline set on the connection
+// two or three times a request.
+func timedBare503() (*http.Server, error) {
+	cfg, err := sidecar.LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:1"})
+	if err != nil {
+		return nil, err
+	}
+	return &http.Server{Handler: bare503{}, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}, nil
 }
 
 // newBareProxy is a plain httputil.ReverseProxy to upstream (host:port): Rewrite with

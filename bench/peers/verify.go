@@ -14,7 +14,7 @@ var verifyWhat = map[string]string{"limit": "limit answer", "forward": "forwarde
 
 // verifyTargets are the targets each check runs on.
 var verifyTargets = map[string][]string{
-	"limit":    {"bare503", "mdproxy", "nginx", "haproxy"},
+	"limit":    {"bare503", "bare503t", "mdproxy", "nginx", "haproxy"},
 	"forward":  {"bareproxy", "mdproxy-fwd", "nginx-fwd", "haproxy-fwd", "caddy"},
 	"upload":   {"direct", "bareproxy", "mdproxy", "mdproxy-bridge", "nginx", "haproxy", "caddy"},
 	"storehit": {"mdproxy-bridge"},
@@ -72,7 +72,7 @@ func (b *bench) checkLimit(ctx context.Context, t *target) error {
 	if n503 == 0 {
 		return fmt.Errorf("no 503 in 200 polls in a row")
 	}
-	if t.key == "bare503" && n200 > 0 {
+	if (t.key == "bare503" || t.key == "bare503t") && n200 > 0 {
 		return fmt.Errorf("%d answers 200, want only 503", n200)
 	}
 	if allowed := 100 + int(50*time.Since(start).Seconds()) + 1; n200 > allowed {
