@@ -99,6 +99,8 @@ var workloadRows = []struct{ workload, label, target string }{
 	{"forward", "HAProxy", "haproxy-fwd"},
 	{"forward", "Caddy", "caddy"},
 	{"upload", "direct to the stand-in", "direct"},
+	{"upload", "TCP relay, 1 MiB copies, no HTTP", "relay"},
+	{"upload", "TCP relay, Linux splice, no HTTP", "relay-splice"},
 	{"upload", "bare ReverseProxy", "bareproxy"},
 	{"upload", "mdproxy (bridge off)", "mdproxy"},
 	{"upload", "mdproxy (bridge on)", "mdproxy-bridge"},
@@ -177,7 +179,10 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	add("direct", "bare", b.standin, "")
 	if cfg.targets["bare"] {
-		for _, s := range []struct{ key, role string }{{"bare503", "bare503"}, {"bare503t", "bare503t"}, {"bareproxy", "bareproxy"}} {
+		for _, s := range []struct{ key, role string }{
+			{"bare503", "bare503"}, {"bare503t", "bare503t"}, {"bareproxy", "bareproxy"},
+			{"relay", "relay"}, {"relay-splice", "relay-splice"},
+		} {
 			addr, err := freePort()
 			if err != nil {
 				return err
@@ -191,6 +196,8 @@ func (b *bench) setup(ctx context.Context) error {
 		add("bare503", "bare", "", "")
 		add("bare503t", "bare", "", "")
 		add("bareproxy", "bare", "", "")
+		add("relay", "bare", "", "")
+		add("relay-splice", "bare", "", "")
 	}
 
 	if cfg.targets["mdproxy"] {

@@ -48,7 +48,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "wrk run before each measurement, not counted (whole seconds; 0: none)")
 	fs.IntVar(&cfg.rounds, "rounds", 11, "interleaved rounds: every target once a round; the median is reported, and each ratio is the median of the rounds' ratios")
 	targets := fs.String("targets", strings.Join(allTargets, ","), "targets to run, comma-separated: "+strings.Join(allTargets, ", ")+
-		" (bare: the bare 503 server, the bare ReverseProxy and direct uploads, the ceilings)")
+		" (bare: the bare 503 servers, the bare ReverseProxy, the TCP relays and direct uploads, the ceilings)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma-separated: "+strings.Join(allWorkloads, ", "))
 	uploadSize := fs.String("upload-size", "1GiB", "bytes of each upload of the upload workload (suffixes KiB, MiB, GiB)")
 	rssSize := fs.String("rss-size", "200MiB", "bytes of each upload of the RSS workload")

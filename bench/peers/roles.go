@@ -29,9 +29,9 @@ import (
 // again with roleEnv set (main, or TestMain under go test), so that the stand-in, the
 // bare servers and the upload client are processes of their own, pinned to a core.
 const (
-	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bare503t, bareproxy or upload
+	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bare503t, bareproxy, relay, relay-splice or upload
 	addrEnv     = "MDPEERS_ADDR"     // the address a server role listens on
-	upstreamEnv = "MDPEERS_UPSTREAM" // bareproxy's upstream, host:port
+	upstreamEnv = "MDPEERS_UPSTREAM" // the upstream of bareproxy and the relays, host:port
 	urlEnv      = "MDPEERS_URL"      // upload: where to POST
 	sizeEnv     = "MDPEERS_SIZE"     // upload: bytes of each upload
 	countEnv    = "MDPEERS_COUNT"    // upload: how many at once, each on its own connection
@@ -55,6 +55,8 @@ func runRole(role string) int {
 		}
 	case "bareproxy":
 		err = serve(os.Getenv(addrEnv), newBareProxy(os.Getenv(upstreamEnv)))
+	case "relay", "relay-splice":
+		err = relay(os.Getenv(addrEnv), os.Getenv(upstreamEnv), role == "relay-splice")
 	case "upload":
 		err = uploadRole()
 	default:

@@ -16,7 +16,7 @@ var verifyWhat = map[string]string{"limit": "limit answer", "forward": "forwarde
 var verifyTargets = map[string][]string{
 	"limit":    {"bare503", "bare503t", "mdproxy", "nginx", "haproxy"},
 	"forward":  {"bareproxy", "mdproxy-fwd", "nginx-fwd", "haproxy-fwd", "caddy"},
-	"upload":   {"direct", "bareproxy", "mdproxy", "mdproxy-bridge", "nginx", "haproxy", "caddy"},
+	"upload":   {"direct", "relay", "relay-splice", "bareproxy", "mdproxy", "mdproxy-bridge", "nginx", "haproxy", "caddy"},
 	"storehit": {"mdproxy-bridge"},
 }
 

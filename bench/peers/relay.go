@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+)
+
+// relayChunk is the copying relay's buffer for each direction, in bytes: mdproxy's
+// upload chunk (proxy.uploadChunk).
+const relayChunk = 1 << 20
+
+// relaySendBuffer is the socket send buffer the relay asks for towards the upstream
+// (SO_SNDBUF), in bytes: mdproxy's own (proxy.coreSendBuffer).
+const relaySendBuffer = 4 << 20
+
+// relay accepts connections on addr until SIGTERM or SIGINT and relays each, byte for
+// byte and knowing nothing of HTTP, to a connection of its own to upstream (host:port):
+// the least a proxy in user space can spend moving an upload, a ceiling beside direct
+// uploads for anything that sits between client and upstream. With splice false it
+// copies through a buffer of relayChunk bytes, as mdproxy does; with splice true Go moves
+// the bytes with Linux splice(2) through a pipe (net.TCPConn.ReadFrom of another
+// TCPConn), never into the process: the zero-copy path the standard library offers.
+func relay(addr, upstream string, splice bool) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		_ = ln.Close()
+	}()
+	err = serveRelay(ln, upstream, splice)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// serveRelay relays every connection ln accepts to upstream until ln is closed, and
+// returns once the connections it relayed have ended too: the error that stopped
+// Accept (net.ErrClosed after a Close).
+func serveRelay(ln net.Listener, upstream string, splice bool) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		wg.Go(func() { relayConn(c.(*net.TCPConn), upstream, splice) })
+	}
+}
+
+// relayConn relays c to a new connection to upstream, both ways, until both directions
+// end; each end's write side is closed when its reading side reaches EOF.
+func relayConn(c *net.TCPConn, upstream string, splice bool) {
+	defer c.Close()
+	uc, err := net.Dial("tcp", upstream)
+	if err != nil {
+		return
+	}
+	u := uc.(*net.TCPConn)
+	defer u.Close()
+	_ = u.SetWriteBuffer(relaySendBuffer) // best effort: the kernel may cap it
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pipe(c, u, splice)
+	}()
+	pipe(u, c, splice)
+	<-done
+}
+
+// pipe copies src to dst until src's EOF or an error, then closes dst's write side.
+func pipe(dst, src *net.TCPConn, splice bool) {
+	if splice {
+		_, _ = dst.ReadFrom(src)
+	} else {
+		// Hidden behind plain interfaces, net.TCPConn's ReadFrom and WriteTo, which
+		// would splice, are out of the way: io.CopyBuffer reads into buf and writes it.
+		buf := make([]byte, relayChunk)
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+	}
+	_ = dst.CloseWrite()
+}
