@@ -201,3 +201,22 @@ func TestTimedBare503(t *testing.T) {
 		t.Errorf("handler %T, want bare503", srv.Handler)
 	}
 }
+
+// TestCriterionNearBoundary: a ratio just under a criterion's bound fails and reads as
+// under it; one at the bound passes.
+func TestCriterionNearBoundary(t *testing.T) {
+	rps := func(v float64) []sample { return []sample{{round: 0, wrk: wrkResult{RPS: v}}} }
+	for _, tc := range []struct {
+		mdproxy    float64
+		result, in string
+	}{{89.7, "FAIL", "0.897 of the ceiling"}, {90, "PASS", "0.900 of the ceiling"}} {
+		b := &bench{rows: []*row{
+			{workload: "limit", target: "bare503", samples: rps(100)},
+			{workload: "limit", target: "mdproxy", samples: rps(tc.mdproxy)},
+		}}
+		c := b.criteria()[0]
+		if c.result != tc.result || !strings.Contains(c.detail, tc.in) {
+			t.Errorf("limit answer at %v of 100: %s %q, want %s with %q", tc.mdproxy, c.result, c.detail, tc.result, tc.in)
+		}
+	}
+}
