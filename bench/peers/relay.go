@@ -59,7 +59,9 @@ func serveRelay(ln net.Listener, upstream string, splice bool) error {
 }
 
 // relayConn relays c to a new connection to upstream, both ways, until both directions
-// end; each end's write side is closed when its reading side reaches EOF.
+// end; each end's write side is closed when its reading side reaches EOF. A direction
+// that fails (a reset, a write to a closed peer) closes both connections, so that the
+// other direction ends too rather than wait for bytes that will never come.
 func relayConn(c *net.TCPConn, upstream string, splice bool) {
 	defer c.Close()
 	uc, err := net.Dial("tcp", upstream)
@@ -69,24 +71,35 @@ func relayConn(c *net.TCPConn, upstream string, splice bool) {
 	u := uc.(*net.TCPConn)
 	defer u.Close()
 	_ = u.SetWriteBuffer(relaySendBuffer) // best effort: the kernel may cap it
+	both := func(dst, src *net.TCPConn) {
+		if pipe(dst, src, splice) != nil {
+			_ = c.Close()
+			_ = u.Close()
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pipe(c, u, splice)
+		both(c, u)
 	}()
-	pipe(u, c, splice)
+	both(u, c)
 	<-done
 }
 
-// pipe copies src to dst until src's EOF or an error, then closes dst's write side.
-func pipe(dst, src *net.TCPConn, splice bool) {
+// pipe copies src to dst until src's EOF or an error, then closes dst's write side. It
+// returns the error that stopped the copy, nil at src's EOF.
+func pipe(dst, src *net.TCPConn, splice bool) error {
+	var err error
 	if splice {
-		_, _ = dst.ReadFrom(src)
+		_, err = dst.ReadFrom(src)
 	} else {
 		// Hidden behind plain interfaces, net.TCPConn's ReadFrom and WriteTo, which
 		// would splice, are out of the way: io.CopyBuffer reads into buf and writes it.
 		buf := make([]byte, relayChunk)
-		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+		_, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
 	}
-	_ = dst.CloseWrite()
+	if cerr := dst.CloseWrite(); err == nil {
+		err = cerr
+	}
+	return err
 }
