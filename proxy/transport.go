@@ -76,7 +76,7 @@ func NewTransport(o TransportOptions) *http.Transport {
 				return nil, err
 			}
 			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetWriteBuffer(coreSendBuffer) // best effort: the kernel may cap it
+				_ = tc.SetWriteBuffer(CoreSendBuffer) // best effort: the kernel may cap it
 			}
 			return &coreConn{Conn: c, idle: idle, headers: headers, closed: make(chan struct{})}, nil
 		},
@@ -102,16 +102,17 @@ func NewTransport(o TransportOptions) *http.Transport {
 // connection is pooled (MaxIdleConnsPerHost bounds them).
 const transportBufferSize = 64 << 10
 
-// coreSendBuffer is the socket send buffer asked for each connection to Core
-// (SO_SNDBUF), in bytes; Linux caps it at net.core.wmem_max and doubles it for its own
-// bookkeeping. An upload moves to Core in writes of up to uploadChunk bytes: with the
+// CoreSendBuffer is the socket send buffer asked for each connection to Core
+// (SO_SNDBUF), in bytes: 4 MiB; exported for the peers benchmark's TCP relay, which
+// copies as the proxy does. Linux caps it at net.core.wmem_max and doubles it for its own
+// bookkeeping. An upload moves to Core in writes of up to UploadChunk bytes: with the
 // kernel's default buffer (16 KiB, grown by autotuning) each write waits for Core to
 // read most of the chunk, and the client's next bytes wait unread meanwhile; with room
 // for a few chunks the write returns at once and the proxy reads on. Measured on
 // loopback, 1 GiB uploads: 1480 MB/s with the default, 1740 MB/s with it (direct to the
 // stand-in 2046). It costs nothing while a connection carries small requests: the
 // kernel allocates buffer memory for the bytes queued, not for the size.
-const coreSendBuffer = 4 << 20
+const CoreSendBuffer = 4 << 20
 
 // earlyAnswerGrace bounds how long a failed write to Core is held back so that Core's
 // answer, already on its way, wins over the write error.
@@ -165,11 +166,11 @@ func (c *coreConn) Write(p []byte) (int, error) {
 }
 
 // ReadFrom copies an upload's body from r to Core, as the transport does through its
-// writer's ReadFrom: in reads and writes of up to uploadChunk bytes (io.Copy's own
+// writer's ReadFrom: in reads and writes of up to UploadChunk bytes (io.Copy's own
 // buffer is 32 KiB), each write through Write, with its deadlines. Fewer, larger system
 // calls move an upload faster on one core.
 func (c *coreConn) ReadFrom(r io.Reader) (int64, error) {
-	buf := uploadBuffers.Get().(*[uploadChunk]byte)
+	buf := uploadBuffers.Get().(*[UploadChunk]byte)
 	defer uploadBuffers.Put(buf)
 	return io.CopyBuffer(writerOnly{c}, r, buf[:])
 }
@@ -177,12 +178,14 @@ func (c *coreConn) ReadFrom(r io.Reader) (int64, error) {
 // writerOnly hides a writer's ReadFrom from io.CopyBuffer, which would call it back.
 type writerOnly struct{ io.Writer }
 
-// uploadChunk is the most an upload moves to Core in one read and one write, in bytes.
-const uploadChunk = 1 << 20
+// UploadChunk is the most an upload moves to Core in one read and one write, in bytes:
+// 1 MiB, a buffer from a pool for each upload in flight; exported for the peers
+// benchmark's TCP relay, which copies as the proxy does.
+const UploadChunk = 1 << 20
 
 // uploadBuffers recycles the buffers of uploads in flight: one each, 1 MiB (so 10
 // concurrent uploads hold 10 MiB).
-var uploadBuffers = sync.Pool{New: func() any { return new([uploadChunk]byte) }}
+var uploadBuffers = sync.Pool{New: func() any { return new([UploadChunk]byte) }}
 
 // Close closes the connection and tells its owner, once.
 func (c *coreConn) Close() error {

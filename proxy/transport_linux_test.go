@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// TestCoreSendBuffer: each connection to Core asks for a send buffer of coreSendBuffer
+// TestCoreSendBuffer: each connection to Core asks for a send buffer of CoreSendBuffer
 // bytes (capped by net.core.wmem_max; Linux reports twice what it grants), where the
 // kernel's default would start at 16 KiB and hold an upload's writes back.
 func TestCoreSendBuffer(t *testing.T) {
@@ -38,7 +38,7 @@ func TestCoreSendBuffer(t *testing.T) {
 	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }); err != nil || serr != nil {
 		t.Fatalf("getsockopt SO_SNDBUF: %v %v", err, serr)
 	}
-	want := coreSendBuffer
+	want := CoreSendBuffer
 	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
 		if max, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && max < want {
 			want = max

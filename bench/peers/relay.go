@@ -1,46 +1,23 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net"
-	"os"
-	"os/signal"
 	"sync"
-	"syscall"
+
+	"github.com/mdproxy/mdproxy/proxy"
 )
-
-// relayChunk is the copying relay's buffer for each direction, in bytes: mdproxy's
-// upload chunk (proxy.uploadChunk).
-const relayChunk = 1 << 20
-
-// relaySendBuffer is the socket send buffer the relay asks for towards the upstream
-// (SO_SNDBUF), in bytes: mdproxy's own (proxy.coreSendBuffer).
-const relaySendBuffer = 4 << 20
 
 // relay accepts connections on addr until SIGTERM or SIGINT and relays each, byte for
 // byte and knowing nothing of HTTP, to a connection of its own to upstream (host:port):
-// the least a proxy in user space can spend moving an upload, a ceiling beside direct
-// uploads for anything that sits between client and upstream. With splice false it
-// copies through a buffer of relayChunk bytes, as mdproxy does; with splice true Go moves
-// the bytes with Linux splice(2) through a pipe (net.TCPConn.ReadFrom of another
-// TCPConn), never into the process: the zero-copy path the standard library offers.
+// what a process between client and upstream spends moving an upload with no HTTP
+// work, beside direct uploads. With splice false it copies through a buffer of
+// proxy.UploadChunk bytes with a send buffer of proxy.CoreSendBuffer towards upstream,
+// as mdproxy does; with splice true Go moves the bytes with Linux splice(2) through a
+// pipe (net.TCPConn.ReadFrom of another TCPConn), never into the process: the zero-copy
+// path the standard library offers.
 func relay(addr, upstream string, splice bool) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	go func() {
-		<-ctx.Done()
-		_ = ln.Close()
-	}()
-	err = serveRelay(ln, upstream, splice)
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
+	return serveUntilSignal(addr, func(ln net.Listener) error { return serveRelay(ln, upstream, splice) }, nil)
 }
 
 // serveRelay relays every connection ln accepts to upstream until ln is closed, and
@@ -70,7 +47,7 @@ func relayConn(c *net.TCPConn, upstream string, splice bool) {
 	}
 	u := uc.(*net.TCPConn)
 	defer u.Close()
-	_ = u.SetWriteBuffer(relaySendBuffer) // best effort: the kernel may cap it
+	_ = u.SetWriteBuffer(proxy.CoreSendBuffer) // best effort: the kernel may cap it
 	both := func(dst, src *net.TCPConn) {
 		if pipe(dst, src, splice) != nil {
 			_ = c.Close()
@@ -95,7 +72,7 @@ func pipe(dst, src *net.TCPConn, splice bool) error {
 	} else {
 		// Hidden behind plain interfaces, net.TCPConn's ReadFrom and WriteTo, which
 		// would splice, are out of the way: io.CopyBuffer reads into buf and writes it.
-		buf := make([]byte, relayChunk)
+		buf := make([]byte, proxy.UploadChunk)
 		_, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
 	}
 	if cerr := dst.CloseWrite(); err == nil {

@@ -77,17 +77,28 @@ func serve(addr string, h http.Handler) error {
 
 // serveWith runs srv on addr until SIGTERM or SIGINT.
 func serveWith(addr string, srv *http.Server) error {
+	return serveUntilSignal(addr, srv.Serve, srv.Close)
+}
+
+// serveUntilSignal listens on addr and runs serve on the listener until serve returns
+// (its error) or SIGTERM or SIGINT arrives: then it returns shut's error (nil without
+// shut), the listener closed. A role's process exits next, ending what serve started.
+func serveUntilSignal(addr string, serve func(net.Listener) error, shut func() error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
+	defer ln.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serve(ln) }()
 	select {
 	case <-ctx.Done():
-		return srv.Close()
+		if shut == nil {
+			return nil
+		}
+		return shut()
 	case err := <-errc:
 		return err
 	}
