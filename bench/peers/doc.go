@@ -8,9 +8,9 @@
 // The ratios and criteria stay against the bare server without them. Two TCP relays
 // (processes of this program knowing nothing of HTTP, one copying through a 1 MiB buffer
 // as mdproxy does, one moving the bytes with Linux splice(2)) have rows of the upload of
-// their own: the least a process between client and upstream can spend on an upload's
-// bytes, and what splice, the zero-copy path Go offers, does to it. It is issue 13's peers
-// benchmark; one command, from the repository's root:
+// their own: what relaying an upload's bytes costs with no HTTP work, and what splice,
+// the zero-copy path Go offers, does to it. It is issue 13's peers benchmark; one
+// command, from the repository's root:
 //
 //	go run ./bench/peers -out bench/results/peers.md
 //

@@ -227,7 +227,7 @@ func (b *bench) criteria() []criterion {
 		up = "mdproxy-bridge"
 	}
 	// Beside the criterion, not part of it: the same row against the copying TCP relay,
-	// the least a process between client and upstream spends on the bytes.
+	// what relaying the bytes costs with no HTTP work.
 	check("upload >= 0.9 of direct (the lower of mdproxy's bridge-on and bridge-off rows)", "upload", up, 0.9, func(_, _ figure) (bool, string) {
 		r, n, ok := ratio(b.find("upload", up), b.find("upload", "relay"))
 		if !ok {
@@ -401,7 +401,7 @@ func (b *bench) markdown() string {
 	}
 	w("- Ratios are to the bare Go ceiling of the workload (the bare net/http 503 server for the limit answer and the store hit, the bare httputil.ReverseProxy for the forwarded poll, direct to the stand-in for uploads) and to nginx: each the median, over the rounds, of the ratio of the two rows' samples of the same round. The two samples of a round are taken seconds apart, so that a change of the machine's speed between rounds (this is a shared virtual machine: the same server measures a third faster or slower from one minute to the next) cancels out of each ratio, where it would stay in a ratio of medians.\n")
 	w("- HAProxy has no token bucket: its limit is a stick-table counting the requests let through (gpc0) and refusing while their rate over the last second (gpc0_rate(1s), a sliding estimate) is 50 or more; same long-run 50/s, but at most about 50 in any second where a full token bucket of 50 lets 50 at once and 50 more within the second.\n")
-	w("- Uploads, TCP relays: a process of this program on the proxies' core that relays each connection byte for byte to its own connection to the stand-in, knowing nothing of HTTP; one copies through a 1 MiB buffer with a 4 MiB send buffer towards the stand-in, as mdproxy does, the other lets Go use Linux splice(2) (net.TCPConn.ReadFrom between two TCP connections). The copying relay is the least any proxy in user space spends on an upload's bytes; the gap from it to direct is the second hop and the bytes crossing between the cores, which no proxy avoids.\n")
+	w("- Uploads, TCP relays: a process of this program on the proxies' core that relays each connection byte for byte to its own connection to the stand-in, knowing nothing of HTTP; one copies through a 1 MiB buffer with a 4 MiB send buffer towards the stand-in, as mdproxy does, the other lets Go use Linux splice(2) (net.TCPConn.ReadFrom between two TCP connections). The copying relay is what relaying an upload's bytes costs with no HTTP work; its gap from direct is the second hop, the bytes copied in and out of the relay and crossing between the cores.\n")
 	w("- Caddy: Debian's caddy has no rate-limit module, so it has no limit-answer row; it forwards polls and uploads.\n")
 	w("- Forwarded poll: mdproxy runs with MDPROXY_FILE_RESULT_RATE=1000000 (a token is taken for every poll, as under a limit not reached), nginx and HAProxy without a limit; every proxy keeps up to 256 idle connections to the stand-in.\n")
 	w("- answers: for the limit answer, the answers that were not 503 (the polls the limit let through, summed over the rounds) and how many reached the stand-in; for the other wrk workloads, the answers that were not 2xx (wrk does not tell 503 from other non-2xx statuses; the checks above did, with a Go client); for uploads, the uploads the stand-in received whole, every byte with its Content-Length.\n")
