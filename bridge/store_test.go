@@ -212,3 +212,72 @@ func TestMemoryStoreCap(t *testing.T) {
 	}
 	runtime.KeepAlive(s)
 }
+
+// TestCoarseResolution checks how often a MemoryStore reads the clock: a hundredth of
+// its time to live, from 1 ms up to 1 s.
+func TestCoarseResolution(t *testing.T) {
+	tests := []struct{ ttl, want time.Duration }{
+		{24 * time.Hour, time.Second}, // MDPROXY_STORE_TTL's default
+		{100 * time.Second, time.Second},
+		{50 * time.Second, 500 * time.Millisecond},
+		{time.Second, 10 * time.Millisecond},
+		{50 * time.Millisecond, time.Millisecond},
+		{time.Nanosecond, time.Millisecond},
+	}
+	for _, tc := range tests {
+		if got := coarseResolution(tc.ttl); got != tc.want {
+			t.Errorf("coarseResolution(%v) = %v, want %v", tc.ttl, got, tc.want)
+		}
+	}
+}
+
+// TestMemoryStoreCoarseClock checks that the store reads a clock that moves on its own
+// (the coarse clock's goroutine), not one fixed at creation, and that Close stops that
+// goroutine and leaves a store that still answers (goleak, TestMain).
+func TestMemoryStoreCoarseClock(t *testing.T) {
+	s, err := NewMemoryStore(1<<20, 100*time.Millisecond) // read every millisecond
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.clock == nil {
+		t.Fatal("NewMemoryStore made no coarse clock")
+	}
+	first := s.clock.NowNano()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.clock.NowNano() == first {
+		if time.Now().After(deadline) {
+			t.Fatal("the coarse clock did not move in 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Put("a", Result{Body: finalResult("a")})
+	s.Close()
+	s.Close() // twice is fine
+	if _, ok := s.Get("a"); !ok {
+		t.Errorf("Get(a) after Close found nothing")
+	}
+}
+
+// BenchmarkMemoryStoreGet measures a Get of a stored result on the store's own (coarse)
+// clock, the store's part of a poll answered from memory.
+func BenchmarkMemoryStoreGet(b *testing.B) {
+	s, err := NewMemoryStore(64<<20, 24*time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%032x", i)
+		s.Put(ids[i], Result{Body: finalResult(ids[i])})
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		if _, ok := s.Get(ids[i%len(ids)]); !ok {
+			b.Fatal("Get found nothing")
+		}
+		i++
+	}
+}
