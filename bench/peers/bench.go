@@ -108,6 +108,7 @@ var workloadRows = []struct{ workload, label, target string }{
 	{"upload", "HAProxy", "haproxy"},
 	{"upload", "Caddy", "caddy"},
 	{"storehit", "bare net/http 503", "bare503"},
+	{"storehit", "bare net/http 200 with a result's bytes, mdproxy's timeouts", "bareresult"},
 	{"storehit", "mdproxy (bridge on)", "mdproxy-bridge"},
 }
 
@@ -180,7 +181,7 @@ func (b *bench) setup(ctx context.Context) error {
 	add("direct", "bare", b.standin, "")
 	if cfg.targets["bare"] {
 		for _, s := range []struct{ key, role string }{
-			{"bare503", "bare503"}, {"bare503t", "bare503t"}, {"bareproxy", "bareproxy"},
+			{"bare503", "bare503"}, {"bare503t", "bare503t"}, {"bareresult", "bareresult"}, {"bareproxy", "bareproxy"},
 			{"relay", "relay"}, {"relay-splice", "relay-splice"},
 		} {
 			addr, err := freePort()
@@ -195,6 +196,7 @@ func (b *bench) setup(ctx context.Context) error {
 	} else {
 		add("bare503", "bare", "", "")
 		add("bare503t", "bare", "", "")
+		add("bareresult", "bare", "", "")
 		add("bareproxy", "bare", "", "")
 		add("relay", "bare", "", "")
 		add("relay-splice", "bare", "", "")
@@ -291,7 +293,7 @@ func (b *bench) layout() {
 			r.absent = t.absent
 		case wr.workload != "upload" && needWrk != "":
 			r.absent = "wrk absent"
-		case wr.workload == "storehit" && wr.target != "bare503" && b.storedID == "":
+		case wr.workload == "storehit" && wr.target == "mdproxy-bridge" && b.storedID == "":
 			r.absent = "no stored result to poll (see the checks)"
 		}
 		if r.absent == "" {
@@ -359,7 +361,7 @@ func (b *bench) measure(ctx context.Context, rw *row, r int) error {
 		return nil
 	}
 	id := benchID
-	if rw.workload == "storehit" && rw.target != "bare503" {
+	if rw.workload == "storehit" && rw.target == "mdproxy-bridge" {
 		id = b.storedID
 	}
 	u := t.base + "/file/" + id

@@ -5,7 +5,10 @@
 // server, with the client timeouts mdproxy's server has by default
 // (MDPROXY_READ_HEADER_TIMEOUT, MDPROXY_IDLE_TIMEOUT), has a row of the limit answer of
 // its own: what those timeouts cost a net/http server, apart from mdproxy's own work.
-// The ratios and criteria stay against the bare server without them. Two TCP relays
+// The ratios and criteria stay against the bare server without them. So has a third
+// bare server, with the same timeouts, answering 200 with one of the stand-in's results
+// (1.7 KB, where the 503 is 67 bytes), beside the store hit: what net/http itself spends
+// on a store hit's answer, apart from mdproxy's work. Two TCP relays
 // (processes of this program knowing nothing of HTTP, one copying through a 1 MiB buffer
 // as mdproxy does, one moving the bytes with Linux splice(2)) have rows of the upload of
 // their own: what relaying an upload's bytes costs with no HTTP work, and what splice,
@@ -78,7 +81,9 @@
 //     client_max_body_size 0.
 //   - store hit: mdproxy with the bridge on; a file submitted through it, whose result the
 //     stand-in posted to the callback URL mdproxy gave it, then wrk GET /file/<that id>:
-//     answered from mdproxy's store, never reaching the stand-in (counted).
+//     answered from mdproxy's store, never reaching the stand-in (counted). Its ceiling is
+//     the bare 503 server, as the issue asks; the bare server answering a result's bytes
+//     is measured beside it.
 //   - RSS: a fresh mdproxy (bridge on, its default), 10 concurrent 200 MiB uploads
 //     (-rss-uploads, -rss-size); the growth of its resident memory (VmRSS in
 //     /proc/PID/status sampled every 10 ms, and VmHWM) above what it was before.

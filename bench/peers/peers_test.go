@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -187,18 +189,21 @@ func TestRatioPairsRounds(t *testing.T) {
 	}
 }
 
-// TestTimedBare503 checks that the second bare 503 server has both client timeouts of
-// mdproxy's server: without them its row would measure the plain server again.
-func TestTimedBare503(t *testing.T) {
-	srv, err := timedBare503()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if srv.ReadHeaderTimeout <= 0 || srv.IdleTimeout <= 0 {
-		t.Errorf("ReadHeaderTimeout %v, IdleTimeout %v, want both above 0 (mdproxy's defaults)", srv.ReadHeaderTimeout, srv.IdleTimeout)
-	}
-	if _, ok := srv.Handler.(bare503); !ok {
-		t.Errorf("handler %T, want bare503", srv.Handler)
+// TestTimedServer checks that the bare servers with mdproxy's timeouts (the limit
+// answer's and the store hit's) have both client timeouts of mdproxy's server: without
+// them their rows would measure the plain server again.
+func TestTimedServer(t *testing.T) {
+	for _, h := range []http.Handler{bare503{}, newBareResult(result(benchID))} {
+		srv, err := timedServer(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if srv.ReadHeaderTimeout <= 0 || srv.IdleTimeout <= 0 {
+			t.Errorf("%T: ReadHeaderTimeout %v, IdleTimeout %v, want both above 0 (mdproxy's defaults)", h, srv.ReadHeaderTimeout, srv.IdleTimeout)
+		}
+		if got, want := fmt.Sprintf("%T", srv.Handler), fmt.Sprintf("%T", h); got != want {
+			t.Errorf("handler %s, want %s", got, want)
+		}
 	}
 }
 
@@ -217,6 +222,17 @@ func TestCriterionNearBoundary(t *testing.T) {
 		c := b.criteria()[0]
 		if c.result != tc.result || !strings.Contains(c.detail, tc.in) {
 			t.Errorf("limit answer at %v of 100: %s %q, want %s with %q", tc.mdproxy, c.result, c.detail, tc.result, tc.in)
+		}
+		// The bare 503 server with mdproxy's timeouts is a remark beside the criterion:
+		// mdproxy above it does not make a failing criterion pass, nor below it a
+		// passing one fail.
+		for _, timed := range []float64{80, 95} {
+			b.rows = append(b.rows[:2], &row{workload: "limit", target: "bare503t", samples: rps(timed)})
+			c := b.criteria()[0]
+			want := fmt.Sprintf("%.2f of the bare 503 server with mdproxy's timeouts", tc.mdproxy/timed)
+			if c.result != tc.result || !strings.Contains(c.detail, want) {
+				t.Errorf("limit answer at %v of 100, timed bare server at %v: %s %q, want %s with %q", tc.mdproxy, timed, c.result, c.detail, tc.result, want)
+			}
 		}
 	}
 }

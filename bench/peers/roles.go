@@ -29,7 +29,7 @@ import (
 // again with roleEnv set (main, or TestMain under go test), so that the stand-in, the
 // bare servers and the upload client are processes of their own, pinned to a core.
 const (
-	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bare503t, bareproxy, relay, relay-splice or upload
+	roleEnv     = "MDPEERS_ROLE"     // standin, bare503, bare503t, bareresult, bareproxy, relay, relay-splice or upload
 	addrEnv     = "MDPEERS_ADDR"     // the address a server role listens on
 	upstreamEnv = "MDPEERS_UPSTREAM" // the upstream of bareproxy and the relays, host:port
 	urlEnv      = "MDPEERS_URL"      // upload: where to POST
@@ -48,9 +48,13 @@ func runRole(role string) int {
 		err = serve(os.Getenv(addrEnv), newStandin())
 	case "bare503":
 		err = serve(os.Getenv(addrEnv), bare503{})
-	case "bare503t":
+	case "bare503t", "bareresult":
+		var h http.Handler = bare503{}
+		if role == "bareresult" {
+			h = newBareResult(result(benchID))
+		}
 		var srv *http.Server
-		if srv, err = timedBare503(); err == nil {
+		if srv, err = timedServer(h); err == nil {
 			err = serveWith(os.Getenv(addrEnv), srv)
 		}
 	case "bareproxy":
@@ -131,17 +135,37 @@ func (bare503) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(limitBytes)
 }
 
-// timedBare503 is the bare503 server with the client timeouts mdproxy's server has by
-// default (MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT, read from its
-// configuration's defaults): the ceiling of a limit answer for a Go server that bounds
-// slow and idle clients, which net/http does with a read deadline set on the connection
-// two or three times a request.
-func timedBare503() (*http.Server, error) {
+// timedServer is a server of h with the client timeouts mdproxy's server has by default
+// (MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT, read from its configuration's
+// defaults), which net/http enforces with a read deadline set on the connection two or
+// three times a request. Of bare503, it is the ceiling of a limit answer for a Go server
+// that bounds slow and idle clients; of a bareResult, that of a store hit.
+func timedServer(h http.Handler) (*http.Server, error) {
 	cfg, err := sidecar.LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:1"})
 	if err != nil {
 		return nil, err
 	}
-	return &http.Server{Handler: bare503{}, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}, nil
+	return &http.Server{Handler: h, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}, nil
+}
+
+// bareResult answers every request 200 with one of the stand-in's final results, as
+// many bytes as a store hit answers (1.7 KB; bare503 answers 67): what net/http itself
+// spends on a store hit's answer, with nothing of mdproxy's.
+type bareResult struct {
+	body   []byte
+	length []string // Content-Length
+}
+
+func newBareResult(body []byte) bareResult {
+	return bareResult{body: body, length: []string{strconv.Itoa(len(body))}}
+}
+
+func (b bareResult) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	h := w.Header()
+	h["Content-Type"] = jsonType
+	h["Content-Length"] = b.length
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b.body)
 }
 
 // newBareProxy is a plain httputil.ReverseProxy to upstream (host:port): Rewrite with

@@ -17,7 +17,7 @@ var verifyTargets = map[string][]string{
 	"limit":    {"bare503", "bare503t", "mdproxy", "nginx", "haproxy"},
 	"forward":  {"bareproxy", "mdproxy-fwd", "nginx-fwd", "haproxy-fwd", "caddy"},
 	"upload":   {"direct", "relay", "relay-splice", "bareproxy", "mdproxy", "mdproxy-bridge", "nginx", "haproxy", "caddy"},
-	"storehit": {"mdproxy-bridge"},
+	"storehit": {"mdproxy-bridge", "bareresult"},
 }
 
 // verify checks, with a Go client and before anything is measured, that every target
@@ -36,7 +36,11 @@ func (b *bench) verify(ctx context.Context) {
 			if t == nil || t.absent != "" {
 				continue
 			}
-			err := checks[w](ctx, t)
+			check := checks[w]
+			if key == "bareresult" {
+				check = b.checkBareResult
+			}
+			err := check(ctx, t)
 			b.verified = append(b.verified, verification{target: key, what: verifyWhat[w], err: err})
 			if err != nil {
 				b.logf("check %s %s: %v", key, verifyWhat[w], err)
@@ -189,6 +193,22 @@ func (b *bench) checkStoreHit(ctx context.Context, t *target) error {
 		return fmt.Errorf("%d of 20 polls of the stored id reached the stand-in: not a store hit", n)
 	}
 	b.storedID = sub.DataID
+	return nil
+}
+
+// checkBareResult polls the bare server of a store hit's bytes 20 times: every answer
+// 200 with the stand-in's result, as a store hit's.
+func (b *bench) checkBareResult(ctx context.Context, t *target) error {
+	want := result(benchID)
+	for range 20 {
+		code, _, body, err := b.do(ctx, http.MethodGet, t.base+"/file/"+benchID, nil)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK || !bytes.Equal(body, want) {
+			return fmt.Errorf("answered %d %q, want 200 with the stand-in's result", code, trunc(body))
+		}
+	}
 	return nil
 }
 
