@@ -92,15 +92,8 @@ func (b *bench) checkForward(ctx context.Context, t *target) error {
 	if err != nil {
 		return err
 	}
-	want := result(benchID)
-	for range 50 {
-		code, _, body, err := b.do(ctx, http.MethodGet, t.base+"/file/"+benchID, nil)
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK || !bytes.Equal(body, want) {
-			return fmt.Errorf("answered %d %q, want 200 with the stand-in's result", code, trunc(body))
-		}
+	if err := b.pollResult(ctx, t, 50); err != nil {
+		return err
 	}
 	after, err := b.stats(ctx)
 	if err != nil {
@@ -199,8 +192,14 @@ func (b *bench) checkStoreHit(ctx context.Context, t *target) error {
 // checkBareResult polls the bare server of a store hit's bytes 20 times: every answer
 // 200 with the stand-in's result, as a store hit's.
 func (b *bench) checkBareResult(ctx context.Context, t *target) error {
+	return b.pollResult(ctx, t, 20)
+}
+
+// pollResult polls t n times for the bench's id: every answer must be 200 with the
+// stand-in's result.
+func (b *bench) pollResult(ctx context.Context, t *target, n int) error {
 	want := result(benchID)
-	for range 20 {
+	for range n {
 		code, _, body, err := b.do(ctx, http.MethodGet, t.base+"/file/"+benchID, nil)
 		if err != nil {
 			return err
