@@ -73,7 +73,7 @@
 //
 //   - limit answer: wrk GET /file/<id>, nearly every answer the limit's 503; the answers
 //     that were not 503 are counted (they are the ones the limit let through).
-//   - forwarded poll: wrk GET /file/<id>, answered by the stand-in with a 1.5 KB result.
+//   - forwarded poll: wrk GET /file/<id>, answered by the stand-in with a 1.7 KB result.
 //   - upload: a 1 GiB (-upload-size) POST /file with Content-Length, zeros streamed by a
 //     Go client, one connection at a time, MB/s (10^6 bytes) from the first byte sent to
 //     the answer read; the stand-in counts the bytes it received and the upload counts

@@ -72,7 +72,7 @@ func TestResultIsFinal(t *testing.T) {
 		}
 	}
 	if n := len(r); n < 1300 || n > 1800 {
-		t.Errorf("len(result) = %d, want about 1.5 KB", n)
+		t.Errorf("len(result) = %d, want about 1.7 KB", n)
 	}
 }
 
@@ -233,6 +233,28 @@ func TestCriterionNearBoundary(t *testing.T) {
 			if c.result != tc.result || !strings.Contains(c.detail, want) {
 				t.Errorf("limit answer at %v of 100, timed bare server at %v: %s %q, want %s with %q", tc.mdproxy, timed, c.result, c.detail, tc.result, want)
 			}
+		}
+	}
+}
+
+// TestAnswersColumn: the bare 503 servers (limit answer and store hit) count the
+// answers that were not 503, so that their ceiling's 503s do not read as failures; the
+// store hit's other rows count the answers that were not 2xx.
+func TestAnswersColumn(t *testing.T) {
+	b := &bench{}
+	for _, tc := range []struct {
+		workload, target string
+		f                figure
+		want             string
+	}{
+		{"limit", "mdproxy", figure{total: 100, non2xx: 98, upstream: 2}, "not 503: 2 of 100 (reached the stand-in: 2)"},
+		{"storehit", "bare503", figure{total: 100, non2xx: 100}, "not 503: 0 of 100 (reached the stand-in: 0)"},
+		{"storehit", "mdproxy-bridge", figure{total: 100, non2xx: 1}, "not 2xx: 1 of 100 (reached the stand-in: 0)"},
+		{"forward", "bareproxy", figure{total: 100}, "not 2xx: 0 of 100"},
+		{"upload", "direct", figure{complete: 3, n: 3}, "3 of 3 whole at the stand-in"},
+	} {
+		if got := b.answers(&row{workload: tc.workload, target: tc.target}, tc.f); got != tc.want {
+			t.Errorf("%s %s: %q, want %q", tc.workload, tc.target, got, tc.want)
 		}
 	}
 }

@@ -188,7 +188,7 @@ func newBareProxy(upstream string) http.Handler {
 }
 
 // The stand-in's scan result: a final result of a clean Office file as Core 5 answers
-// it, about 1.5 KB, with the data_id in two places.
+// it, about 1.7 KB, with the data_id in two places.
 const idMark = "@@DATA_ID@@"
 
 var resultParts = func() [][]byte {
