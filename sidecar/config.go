@@ -132,7 +132,8 @@ type Config struct {
 	// (256 MiB).
 	StoreMaxBytes int64 `env:"STORE_MAX_BYTES" envDefault:"268435456"`
 	// StoreTTL is how long a final result is kept, as Core keeps it by default. Default
-	// 24h.
+	// 24h. In memory (no Redis), a result expires to within a hundredth of it, at most
+	// 1s (the store's coarse clock, bridge.MemoryStore).
 	StoreTTL time.Duration `env:"STORE_TTL" envDefault:"24h"`
 
 	// Shared limits and results on Redis (sidecar/redis.go): several replicas in front
