@@ -293,7 +293,7 @@ func (b *bench) layout() {
 			r.absent = t.absent
 		case wr.workload != "upload" && needWrk != "":
 			r.absent = "wrk absent"
-		case wr.workload == "storehit" && wr.target == "mdproxy-bridge" && b.storedID == "":
+		case pollsStoredID(wr.workload, wr.target) && b.storedID == "":
 			r.absent = "no stored result to poll (see the checks)"
 		}
 		if r.absent == "" {
@@ -347,6 +347,13 @@ func (b *bench) round(ctx context.Context, r int) error {
 	return nil
 }
 
+// pollsStoredID reports whether target's row of workload polls the id whose result
+// mdproxy stored (checkStoreHit) rather than benchID: mdproxy's store hit, whose
+// ceilings answer the same for any id.
+func pollsStoredID(workload, target string) bool {
+	return workload == "storehit" && target == "mdproxy-bridge"
+}
+
 // measure takes one sample of rw in round r.
 func (b *bench) measure(ctx context.Context, rw *row, r int) error {
 	t := b.targets[rw.target]
@@ -361,7 +368,7 @@ func (b *bench) measure(ctx context.Context, rw *row, r int) error {
 		return nil
 	}
 	id := benchID
-	if rw.workload == "storehit" && rw.target == "mdproxy-bridge" {
+	if pollsStoredID(rw.workload, rw.target) {
 		id = b.storedID
 	}
 	u := t.base + "/file/" + id

@@ -48,15 +48,10 @@ func runRole(role string) int {
 		err = serve(os.Getenv(addrEnv), newStandin())
 	case "bare503":
 		err = serve(os.Getenv(addrEnv), bare503{})
-	case "bare503t", "bareresult":
-		var h http.Handler = bare503{}
-		if role == "bareresult" {
-			h = newBareResult(result(benchID))
-		}
-		var srv *http.Server
-		if srv, err = timedServer(h); err == nil {
-			err = serveWith(os.Getenv(addrEnv), srv)
-		}
+	case "bare503t":
+		err = serveTimed(os.Getenv(addrEnv), bare503{})
+	case "bareresult":
+		err = serveTimed(os.Getenv(addrEnv), newBareResult(result(benchID)))
 	case "bareproxy":
 		err = serve(os.Getenv(addrEnv), newBareProxy(os.Getenv(upstreamEnv)))
 	case "relay", "relay-splice":
@@ -146,6 +141,16 @@ func timedServer(h http.Handler) (*http.Server, error) {
 		return nil, err
 	}
 	return &http.Server{Handler: h, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}, nil
+}
+
+// serveTimed serves h on addr with mdproxy's client timeouts (timedServer) until
+// SIGTERM or SIGINT.
+func serveTimed(addr string, h http.Handler) error {
+	srv, err := timedServer(h)
+	if err != nil {
+		return err
+	}
+	return serveWith(addr, srv)
 }
 
 // bareResult answers every request 200 with one of the stand-in's final results, as

@@ -12,7 +12,7 @@ import (
 // verifyWhat names the check that a workload's rows need to have passed.
 var verifyWhat = map[string]string{"limit": "limit answer", "forward": "forwarded poll", "upload": "upload", "storehit": "store hit"}
 
-// verifyTargets are the targets each check runs on.
+// verifyTargets are the targets each workload's check runs on.
 var verifyTargets = map[string][]string{
 	"limit":    {"bare503", "bare503t", "mdproxy", "nginx", "haproxy"},
 	"forward":  {"bareproxy", "mdproxy-fwd", "nginx-fwd", "haproxy-fwd", "caddy"},
@@ -20,12 +20,23 @@ var verifyTargets = map[string][]string{
 	"storehit": {"mdproxy-bridge", "bareresult"},
 }
 
+// checkFunc checks that a target answers a workload as it should.
+type checkFunc func(*bench, context.Context, *target) error
+
+// workloadChecks are each workload's check; targetChecks, the checks of the targets that
+// answer a workload otherwise (the bare server of a store hit's bytes stores nothing: it
+// is polled, not sent a submission).
+var (
+	workloadChecks = map[string]checkFunc{
+		"limit": (*bench).checkLimit, "forward": (*bench).checkForward,
+		"upload": (*bench).checkUpload, "storehit": (*bench).checkStoreHit,
+	}
+	targetChecks = map[string]checkFunc{"bareresult": (*bench).checkBareResult}
+)
+
 // verify checks, with a Go client and before anything is measured, that every target
 // answers each workload as it should; a target that does not gets no figures for it.
 func (b *bench) verify(ctx context.Context) {
-	checks := map[string]func(context.Context, *target) error{
-		"limit": b.checkLimit, "forward": b.checkForward, "upload": b.checkUpload, "storehit": b.checkStoreHit,
-	}
 	// The store hit first: its callback is then the only one the stand-in makes.
 	for _, w := range []string{"storehit", "limit", "forward", "upload"} {
 		if !b.cfg.workloads[w] && !(w == "upload" && b.cfg.workloads["rss"]) {
@@ -36,11 +47,11 @@ func (b *bench) verify(ctx context.Context) {
 			if t == nil || t.absent != "" {
 				continue
 			}
-			check := checks[w]
-			if key == "bareresult" {
-				check = b.checkBareResult
+			check, ok := targetChecks[key]
+			if !ok {
+				check = workloadChecks[w]
 			}
-			err := check(ctx, t)
+			err := check(b, ctx, t)
 			b.verified = append(b.verified, verification{target: key, what: verifyWhat[w], err: err})
 			if err != nil {
 				b.logf("check %s %s: %v", key, verifyWhat[w], err)
