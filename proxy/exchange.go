@@ -45,6 +45,7 @@ type exchange struct {
 	client deadliner       // nil when the ResponseWriter has no deadlines
 	ctx    context.Context // the client's request context
 	sub    *submission     // a POST /file the bridge gave a callback URL; nil otherwise
+	batch  *readBatch      // the reads of a large request body; nil: read as they come
 
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
@@ -85,8 +86,17 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	}
 	ex.mu.Unlock()
 
+	if ex.batch != nil {
+		ex.batch.before(ex.reqBytes.Load(), len(p))
+	}
 	n, err := b.ReadCloser.Read(p)
 	ex.reqBytes.Add(int64(n))
+	if ex.batch != nil {
+		ex.batch.after(n)
+		if err != nil {
+			ex.batch.end()
+		}
+	}
 	if err == nil {
 		return n, nil
 	}
@@ -146,13 +156,16 @@ func (ex *exchange) coreClosed() {
 }
 
 // finish is called when the handler returns: the client connection goes back to the
-// server, without the deadlines this exchange set.
+// server, without the deadlines and the receive low-water mark this exchange set.
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.finished = true
 	if ex.core != nil {
 		ex.core.unwatch(ex)
+	}
+	if ex.batch != nil {
+		ex.batch.end()
 	}
 	if ex.idle > 0 {
 		_ = ex.client.SetWriteDeadline(time.Time{})

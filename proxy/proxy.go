@@ -76,6 +76,15 @@ type Options struct {
 	// (mdproxy_body_timeouts_total). Core's side is bounded by the Transport
 	// (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it off.
 	BodyIdleTimeout time.Duration
+	// UploadReadBatch is the most bytes of a request body the proxy lets queue on the
+	// client's connection before it is woken to read them, in bytes (Linux's receive
+	// low-water mark, SO_RCVLOWAT; see ConnContext, which the server must set for it,
+	// and readbatch.go): fewer, larger reads and writes move a large upload faster.
+	// Only bodies with a Content-Length of at least UploadReadBatch plus 64 KiB are
+	// batched, never their last 64 KiB, and a read that waits 20 ms for its batch
+	// takes what came. Zero (the zero value) reads every body as its bytes come;
+	// otherwise at least 65536.
+	UploadReadBatch int
 	// Logger receives errors worth a line. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -129,6 +138,7 @@ type route struct {
 	trusted         []netip.Prefix
 	upstreamTimeout time.Duration
 	bodyIdle        time.Duration // 0: off
+	readBatch       int           // Options.UploadReadBatch; 0: off
 	log             *slog.Logger
 
 	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
@@ -141,8 +151,9 @@ type route struct {
 	lastLog, unlogged atomic.Int64
 }
 
-// New returns the proxy for opts. It returns an error when a required option is missing
-// or LimitStatus is neither 0, 429 nor 503.
+// New returns the proxy for opts. It returns an error when a required option is missing,
+// LimitStatus is neither 0, 429 nor 503, or UploadReadBatch is neither 0 nor at least
+// 65536.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -165,6 +176,9 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.Limits == nil {
 		opts.Limits = (*limiter.Set)(nil)
+	}
+	if opts.UploadReadBatch != 0 && opts.UploadReadBatch < readBatchMin {
+		return nil, fmt.Errorf("proxy: upload read batch of %d bytes: want 0 or at least %d", opts.UploadReadBatch, readBatchMin)
 	}
 	switch {
 	case opts.BodyIdleTimeout == 0:
@@ -235,6 +249,7 @@ func newRoute(name string, opts Options) *route {
 		trusted:          opts.TrustedProxies,
 		upstreamTimeout:  opts.UpstreamTimeout,
 		bodyIdle:         opts.BodyIdleTimeout,
+		readBatch:        opts.UploadReadBatch,
 		log:              opts.Logger.With("route", name),
 		rejectBody:       errorBody("Too many requests for route " + name + ". Try again later."),
 		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
@@ -429,6 +444,11 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.WithContext(ctx)
 	if hasBody {
 		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
+		if rt.readBatch > 0 && r.ContentLength >= int64(rt.readBatch)+readBatchMargin {
+			if rc, ok := r.Context().Value(clientConnKey{}).(syscall.RawConn); ok {
+				ex.batch = newReadBatch(rc, r.ContentLength, rt.readBatch)
+			}
+		}
 	}
 	rt.proxy.ServeHTTP(rec, out)
 }

@@ -53,6 +53,12 @@ type Config struct {
 	// answer, or Core that stops reading an upload or stops sending an answer. The
 	// exchange is then cut and counted. Default 60s.
 	BodyIdleTimeout time.Duration `env:"BODY_IDLE_TIMEOUT" envDefault:"60s"`
+	// UploadReadBatch is the most bytes of a large request body let queue on the
+	// client's connection before the proxy reads them, in bytes (Linux's SO_RCVLOWAT,
+	// proxy.Options.UploadReadBatch; plain HTTP only, not with MDPROXY_TLS_CERT_FILE).
+	// Default 524288 (512 KiB); 0 reads every body as its bytes come; otherwise from
+	// 65536 to 16777216.
+	UploadReadBatch int `env:"UPLOAD_READ_BATCH" envDefault:"524288"`
 	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the proxy
 	// keeps serving, so that load balancers stop sending before the listener closes.
 	// A second SIGTERM or SIGINT ends the delay early. Default 5s; 0 closes the
@@ -206,6 +212,14 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 	return &c, nil
 }
 
+// minReadBatch and maxReadBatch bound MDPROXY_UPLOAD_READ_BATCH, in bytes: the least
+// proxy.New takes, and 16 MiB, past which Linux caps the mark anyway (at half of
+// net.ipv4.tcp_rmem's maximum, 3 MiB by default).
+const (
+	minReadBatch = 64 << 10
+	maxReadBatch = 16 << 20
+)
+
 // maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
 // 600 MB a route.
 const maxClientKeys = 10_000_000
@@ -224,6 +238,7 @@ var configWants = map[string]string{
 	"BRIDGE_REFRESH":        "want a duration with its unit above 0 (e.g. 60s)",
 	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0 (e.g. 24h)",
 	"STORE_MAX_BYTES":       "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
+	"UPLOAD_READ_BATCH":     fmt.Sprintf("want 0 (off) or a whole number of bytes from %d to %d (e.g. 524288)", minReadBatch, maxReadBatch),
 	"STORE_TTL":             "want a duration with its unit above 0 (e.g. 24h)",
 	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":         "want a duration with its unit above 0 (e.g. 50ms)",
@@ -291,6 +306,9 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.ShutdownTimeout < 0 {
 		bad("SHUTDOWN_TIMEOUT", configWants["SHUTDOWN_TIMEOUT"])
+	}
+	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
+		bad("UPLOAD_READ_BATCH", configWants["UPLOAD_READ_BATCH"])
 	}
 	if c.ClientKeysMax < 1 || c.ClientKeysMax > maxClientKeys {
 		bad("CLIENT_KEYS_MAX", configWants["CLIENT_KEYS_MAX"])

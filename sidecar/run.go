@@ -128,6 +128,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		TrustedProxies:  cfg.trusted,
 		UpstreamTimeout: topts.ResponseHeaderTimeout,
 		BodyIdleTimeout: topts.BodyIdleTimeout,
+		UploadReadBatch: cfg.UploadReadBatch,
 		Logger:          log,
 	})
 	if err != nil {
@@ -306,6 +307,7 @@ func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          errLog,
+		ConnContext:       proxy.ConnContext, // for MDPROXY_UPLOAD_READ_BATCH
 	}
 }
 
