@@ -13,9 +13,10 @@ import (
 // what a process between client and upstream spends moving an upload with no HTTP
 // work, beside direct uploads. With splice false it copies through a buffer of
 // proxy.UploadChunk bytes with a send buffer of proxy.CoreSendBuffer towards upstream,
-// as mdproxy does; with splice true Go moves the bytes with Linux splice(2) through a
-// pipe (net.TCPConn.ReadFrom of another TCPConn), never into the process: the zero-copy
-// path the standard library offers.
+// as mdproxy does (though without the receive low-water mark mdproxy sets on a large
+// upload, which needs the body's length to bound it); with splice true Go moves the
+// bytes with Linux splice(2) through a pipe (net.TCPConn.ReadFrom of another TCPConn),
+// never into the process: the zero-copy path the standard library offers.
 func relay(addr, upstream string, splice bool) error {
 	return serveUntilSignal(addr, func(ln net.Listener) error { return serveRelay(ln, upstream, splice) }, nil)
 }
