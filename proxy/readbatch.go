@@ -94,7 +94,7 @@ func (rb *readBatch) before(read int64, room int) {
 	defer rb.mu.Unlock()
 	want := 1
 	if left := rb.length - read - readBatchMargin; rb.size > 0 && rb.stream && left >= readBatchMin {
-		want = int(min(left, int64(rb.size), int64(room)))
+		want = int(max(min(left, int64(rb.size), int64(room)), 1))
 	}
 	rb.setMark(want)
 	if rb.mark > 1 {
