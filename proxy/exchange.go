@@ -92,7 +92,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	ex.reqBytes.Add(int64(n))
 	if ex.batch != nil {
-		ex.batch.after(n)
+		ex.batch.after(ex.reqBytes.Load(), n)
 		if err != nil {
 			ex.batch.end()
 		}
@@ -156,7 +156,9 @@ func (ex *exchange) coreClosed() {
 }
 
 // finish is called when the handler returns: the client connection goes back to the
-// server, without the deadlines and the receive low-water mark this exchange set.
+// server without the write deadline and the receive low-water mark this exchange set,
+// and with a read deadline one body idle timeout away while the body is not read to
+// its end (net/http's own reads of it), none after.
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -169,8 +171,13 @@ func (ex *exchange) finish() {
 	}
 	if ex.idle > 0 {
 		_ = ex.client.SetWriteDeadline(time.Time{})
-		if !ex.bodyDone {
-			_ = ex.client.SetReadDeadline(time.Time{})
+		if !ex.bodyDone && ex.requestFailed() == nil {
+			// net/http reads the rest of a body of up to 256 KiB before it writes the
+			// answer (and closes the connection after one longer): that read is bounded
+			// like ours, or a client gone silent would never get its answer and would
+			// hold the connection until it closed it. A body that failed keeps the
+			// deadline that cut it, past already: net/http gives up the rest at once.
+			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 		}
 	}
 }

@@ -81,8 +81,8 @@ type Options struct {
 	// low-water mark, SO_RCVLOWAT; see ConnContext, which the server must set for it,
 	// and readbatch.go): fewer, larger reads and writes move a large upload faster.
 	// Only bodies with a Content-Length of at least UploadReadBatch plus 64 KiB are
-	// batched, never their last 64 KiB, and a read that waits 20 ms for its batch
-	// takes what came. Zero (the zero value) reads every body as its bytes come;
+	// batched, never their last 64 KiB, and a read that waits 20 to 30 ms for its
+	// batch takes what came. Zero (the zero value) reads every body as its bytes come;
 	// otherwise at least 65536.
 	UploadReadBatch int
 	// Logger receives errors worth a line. nil means slog.Default().
@@ -373,8 +373,25 @@ func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg 
 	rec := &recorder{ResponseWriter: w, start: time.Now()}
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
+	rt.boundDiscard(w, r)
 	writeError(rec, status, msg)
 	rt.finish(rec, r)
+}
+
+// boundDiscard bounds by the body idle timeout net/http's own read of the body of a
+// request answered without forwarding it (a limit answer, a refusal, the bridge's
+// answer to a poll that came with a body): net/http reads up to 256 KiB of an unread
+// body before it writes the answer, and with no bound a client gone silent would never
+// get the answer and would hold the connection. A forwarded body's reads each set
+// their own deadline (requestBody), and the next request on the connection gets
+// net/http's again. A request without a body costs one comparison.
+func (rt *route) boundDiscard(w http.ResponseWriter, r *http.Request) {
+	if rt.bodyIdle <= 0 || r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	if d, ok := w.(deadliner); ok {
+		_ = d.SetReadDeadline(time.Now().Add(rt.bodyIdle))
+	}
 }
 
 // ServeHTTP takes a token from the route's bucket, then forwards r to Core; or answers
@@ -384,6 +401,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1), start: start}
+	rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler && !rec.aborted {

@@ -20,13 +20,17 @@ import (
 // does the same for a large message whose length it knows (UpdateRcvLowat in
 // tcp_posix.cc: the mark is the message's bytes still to come, less 16 KiB).
 //
-// A mark must never ask for bytes that will not come, or the read would wait until the
+// A mark must never ask for bytes that will not come, or a read would wait until the
 // body idle timeout cut it: it is at most the bytes of the body still to arrive (its
 // Content-Length less what was read, less readBatchMargin for what net/http holds in its
-// buffer of the connection), and none for the body's last readBatchMargin bytes. A client
-// that sends slower than a batch every readBatchWait is read as before: a read that
-// waits that long has its mark dropped to one byte (the kernel wakes it for what is
-// there), and the reads after it ask for no mark until one finds a batch queued.
+// buffer of the connection), none for the body's last readBatchMargin bytes, and a mark
+// that a read leaves asking for more than that is dropped as the read returns: net/http
+// may read the rest of the body itself. A client that sends slower than a batch every
+// readBatchWait is read as before: a mark asked for readBatchWait ago drops to one byte
+// within half as long again, whether a read waits on it or none does yet (Linux wakes a
+// waiting read when its mark drops, tcp_set_rcvlowat, since Linux 4.18; older kernels
+// at the next segment), and the reads after a read that waited so ask for no mark until
+// one finds a batch queued.
 
 // ConnContext is an http.Server's ConnContext that keeps the client's TCP connection in
 // the context of each request on it, so that the proxy can batch the reads of a large
@@ -72,8 +76,8 @@ type readBatch struct {
 	size   int       // the largest mark, bytes; 0 once the body is done with: no more marks
 	mark   int       // the mark in force on the socket, bytes; 1 is the kernel's default
 	armed  bool      // a read is waiting with a mark above one byte
-	since  time.Time // when that read began
-	cut    bool      // it waited readBatchWait: its mark was dropped
+	since  time.Time // when the mark above one byte was last asked for, by a read
+	cut    bool      // the read waiting waited readBatchWait: its mark was dropped
 	stream bool      // the client sends fast enough to batch the next read
 }
 
@@ -104,9 +108,12 @@ func (rb *readBatch) before(read int64, room int) {
 	}
 }
 
-// after records a read that returned n bytes: the next read is batched if this one
-// got its batch in time, or found at least readBatchMin bytes queued.
-func (rb *readBatch) after(n int) {
+// after records a read that returned n bytes, read bytes of the body having been read
+// with them: the next read is batched if this one got its batch in time, or found at
+// least readBatchMin bytes queued. A mark that asks for more than the bytes still to
+// come drops to one byte at once: net/http itself may read the connection before the
+// next read of ours (the rest of a body it discards once the answer is written).
+func (rb *readBatch) after(read int64, n int) {
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
 	if rb.armed {
@@ -115,14 +122,22 @@ func (rb *readBatch) after(n int) {
 		rb.stream = n >= readBatchMin
 	}
 	rb.armed = false
+	if int64(rb.mark) > rb.length-read-readBatchMargin {
+		rb.setMark(1)
+	}
 }
 
-// expire drops the mark of a read that has waited readBatchWait by now for its batch.
+// expire drops a mark above one byte asked for readBatchWait or longer before now:
+// that of a read waiting for its batch, or one left between reads while the body's
+// reading has paused (the transport waiting on Core), which net/http's own reads of
+// the connection would otherwise wait on.
 func (rb *readBatch) expire(now time.Time) {
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
-	if rb.armed && !rb.cut && now.Sub(rb.since) >= readBatchWait {
-		rb.cut = true
+	if rb.mark > 1 && now.Sub(rb.since) >= readBatchWait {
+		if rb.armed {
+			rb.cut = true
+		}
 		rb.setMark(1)
 	}
 }

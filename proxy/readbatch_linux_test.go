@@ -253,3 +253,65 @@ func TestNewRefusesSmallReadBatch(t *testing.T) {
 		t.Errorf("New with UploadReadBatch 1000 = %v, want an error naming 1000", err)
 	}
 }
+
+// TestReadBatchMarkBounded: on a real socket, a mark never outlasts the read it was set
+// for asking for more than the bytes still to come (net/http may read the rest of a
+// body itself), and a mark left between reads drops to one byte after readBatchWait,
+// whoever reads next.
+func TestReadBatchMarkBounded(t *testing.T) {
+	noLeak(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc := c.(*net.TCPConn)
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := func() int {
+		m, err := rcvLowat(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	const length, batch = 2 << 20, 512 << 10
+
+	rb := newReadBatch(rc, length, batch)
+	rb.before(0, 1<<20)
+	if got := mark(); got != batch {
+		t.Fatalf("mark for the first read of %d bytes = %d, want %d", length, got, batch)
+	}
+	rb.after(length-100<<10, length-100<<10) // 100 KiB left: less than the mark
+	if got := mark(); got > 1 {
+		t.Errorf("after a read that left 100 KiB of the body, mark = %d, want at most 1", got)
+	}
+	rb.end()
+
+	rb = newReadBatch(rc, length, batch)
+	defer rb.end()
+	rb.before(0, 1<<20)
+	rb.after(600<<10, 600<<10) // 1.4 MiB left: the mark may stay for the next read
+	if got := mark(); got != batch {
+		t.Fatalf("after a read that left 1.4 MiB, mark = %d, want %d kept", got, batch)
+	}
+	deadline := time.Now().Add(longWait)
+	for mark() > 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a mark of %d left between reads still set after %v, want it dropped after %v", batch, longWait, readBatchWait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
