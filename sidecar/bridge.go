@@ -127,9 +127,15 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		return nil, &ConfigError{err}
 	}
 	metrics.RegisterBridge(reg, b, store)
+	// A callback is a small JSON body, read whole by the handler, or left for net/http
+	// to read (up to 256 KiB) before it answers a refusal: both reads are bounded, so
+	// that a peer silent in its body does not hold a connection for ever, and is
+	// still answered (no WriteTimeout: it would run out with the read; the answers are
+	// a few bytes, written to the socket's buffer at once).
 	srv := &http.Server{
 		Handler:           b.Handler(),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          serverErrorLog(log),
 	}

@@ -694,3 +694,35 @@ func TestAbandonedUploadIs499(t *testing.T) {
 		t.Errorf("abandoned uploads counted as Core resetting = %v, want 0", v)
 	}
 }
+
+// TestSilentCallbackBodyCut is TestSilentClientAnswered's sibling on the bridge's
+// callback listener: a peer that goes silent in the body of a callback, forged or
+// not, is answered and its connection closed once the body idle timeout has passed,
+// rather than holding the connection and its goroutine for ever (net/http reads up to
+// 256 KiB of an unread body before it answers).
+func TestSilentCallbackBodyCut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridgeAddr := ln.Addr().String()
+	ln.Close()
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {})
+	startBinary(t, up.URL, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": bridgeAddr, "MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+	for _, target := range []string{"/callback/forged-secret", "/callback/"} {
+		c := dial(t, bridgeAddr)
+		if _, err := io.WriteString(c, "POST "+target+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"data_id\""); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(safety))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Errorf("POST %s, silent after 10 of its 1000 bytes: no answer (%v); want one after the 1s body idle timeout", target, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("POST %s, silent in its body: %d, want 404 (no such callback)", target, resp.StatusCode)
+		}
+	}
+}
