@@ -462,9 +462,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.WithContext(ctx)
 	if hasBody {
 		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
-		if rt.readBatch > 0 && r.ContentLength >= int64(rt.readBatch)+readBatchMargin {
+		if rt.readBatch > 0 {
 			if rc, ok := r.Context().Value(clientConnKey{}).(syscall.RawConn); ok {
-				ex.batch = newReadBatch(rc, r.ContentLength, rt.readBatch)
+				ex.batch = newReadBatch(rc, r.ContentLength, rt.readBatch) // nil for a small body
 			}
 		}
 	}

@@ -83,9 +83,9 @@ type readBatch struct {
 
 // newReadBatch returns the readBatch of a body of length bytes read from rc, with marks
 // of up to size bytes, swept by batches until end; nil when size or length leave
-// nothing to batch.
+// nothing to batch, or where marks are not used (rcvLowatWakes).
 func newReadBatch(rc syscall.RawConn, length int64, size int) *readBatch {
-	if size < readBatchMin || length < int64(size)+readBatchMargin {
+	if !rcvLowatWakes || size < readBatchMin || length < int64(size)+readBatchMargin {
 		return nil
 	}
 	rb := &readBatch{rc: rc, length: length, size: size, mark: 1, stream: true}

@@ -70,20 +70,7 @@ func newBatchProxy(t *testing.T, batch int, idle time.Duration) *batchProxy {
 }
 
 // rcvLowat returns the receive low-water mark of c's socket, in bytes.
-func rcvLowat(c *net.TCPConn) (int, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var got int
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT)
-	}); err != nil {
-		return 0, err
-	}
-	return got, serr
-}
+func rcvLowat(c *net.TCPConn) (int, error) { return sockopt(c, syscall.SO_RCVLOWAT) }
 
 // upload posts body (length bytes) to the proxy with client and returns the status and
 // the answer.

@@ -7,9 +7,11 @@ import (
 	"syscall"
 )
 
-// setRcvLowat is Linux's alone here: elsewhere a socket's low-water mark may not wake
-// a reader the way the batching counts on (it needs tcp_set_rcvlowat's wake-up when the
-// mark drops), so every mark is refused and uploads are read without one.
+// rcvLowatWakes: elsewhere a socket's low-water mark may not wake a waiting reader
+// when it drops, which the batching counts on; uploads are read without one.
+const rcvLowatWakes = false
+
+// setRcvLowat is never called where rcvLowatWakes is false; it refuses every mark.
 func setRcvLowat(syscall.RawConn, int) error {
 	return errors.ErrUnsupported
 }

@@ -29,14 +29,9 @@ func TestCoreSendBuffer(t *testing.T) {
 	if cc == nil {
 		t.Fatalf("connection to Core = %T, want a *coreConn", conn)
 	}
-	raw, err := cc.Conn.(*net.TCPConn).SyscallConn()
+	got, err := sockopt(cc.Conn.(*net.TCPConn), syscall.SO_SNDBUF)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var got int
-	var serr error
-	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }); err != nil || serr != nil {
-		t.Fatalf("getsockopt SO_SNDBUF: %v %v", err, serr)
+		t.Fatalf("getsockopt SO_SNDBUF: %v", err)
 	}
 	want := CoreSendBuffer
 	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
