@@ -21,10 +21,17 @@ func newTestBridge(t *testing.T) *bridge.Bridge {
 	return b
 }
 
-// newTestBridgeStore returns a bridge on a fresh store, and the store.
+// newTestBridgeStore returns a bridge on a fresh store of 64 MiB, and the store.
 func newTestBridgeStore(t *testing.T) (*bridge.Bridge, *bridge.MemoryStore) {
 	t.Helper()
-	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
+	return newTestBridgeStoreOf(t, 64<<20)
+}
+
+// newTestBridgeStoreOf returns a bridge on a fresh store of maxBytes (it keeps results
+// of up to maxBytes/16), and the store.
+func newTestBridgeStoreOf(t *testing.T, maxBytes int64) (*bridge.Bridge, *bridge.MemoryStore) {
+	t.Helper()
+	store, err := bridge.NewMemoryStore(maxBytes, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,9 +156,12 @@ func (ex *exchange) coreClosed() {
 }
 
 // finish is called when the handler returns: the client connection goes back to the
-// server without the write deadline and the receive low-water mark this exchange set,
-// and with a read deadline one body idle timeout away while the body is not read to
-// its end (net/http's own reads of it), none after.
+// server without the receive low-water mark this exchange set, with a read deadline
+// one body idle timeout away while the body is not read to its end (net/http's own
+// reads of it), none after, and with the write deadline of the answer's last write
+// (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
+// a client that stopped reading must not hold that write for ever (net/http clears
+// the deadline once they are out).
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -170,7 +173,6 @@ func (ex *exchange) finish() {
 		ex.batch.end()
 	}
 	if ex.idle > 0 {
-		_ = ex.client.SetWriteDeadline(time.Time{})
 		if !ex.bodyDone && ex.requestFailed() == nil {
 			// net/http reads the rest of a body of up to 256 KiB before it writes the
 			// answer (and closes the connection after one longer): that read is bounded
@@ -179,14 +181,6 @@ func (ex *exchange) finish() {
 			// deadline that cut it, past already: net/http gives up the rest at once.
 			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 		}
-	}
-}
-
-// armWrite bounds the next write to the client by the idle timeout: a client that
-// stops reading its answer must not pin Core's connection.
-func (ex *exchange) armWrite() {
-	if ex.idle > 0 {
-		_ = ex.client.SetWriteDeadline(time.Now().Add(ex.idle))
 	}
 }
 

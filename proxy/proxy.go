@@ -73,7 +73,10 @@ type Options struct {
 	Bridge Bridge
 	// BodyIdleTimeout bounds how long a client may make no progress sending its
 	// request body or reading its answer; the exchange is then cut and counted
-	// (mdproxy_body_timeouts_total). Core's side is bounded by the Transport
+	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
+	// stored result, a refusal) are bounded too, each write from the last (not
+	// counted: a client that reads none of many short answers is cut by net/http's
+	// write after the handler). Core's side is bounded by the Transport
 	// (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it off.
 	BodyIdleTimeout time.Duration
 	// UploadReadBatch is the most bytes of a request body the proxy lets queue on the
@@ -370,10 +373,10 @@ func (p *Proxy) routeOf(method, cp string) *route {
 
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	rec := &recorder{ResponseWriter: w, start: time.Now()}
+	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, start: time.Now()}
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	rt.boundDiscard(w, r)
+	rec.discard = rt.boundDiscard(w, r)
 	writeError(rec, status, msg)
 	rt.finish(rec, r)
 }
@@ -384,14 +387,22 @@ func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg 
 // body before it writes the answer, and with no bound a client gone silent would never
 // get the answer and would hold the connection. A forwarded body's reads each set
 // their own deadline (requestBody), and the next request on the connection gets
-// net/http's again. A request without a body costs one comparison.
-func (rt *route) boundDiscard(w http.ResponseWriter, r *http.Request) {
+// net/http's again. The write deadline is set too: net/http writes "100 Continue" at
+// the body's first read, before any answer of the handler's, and that write blocks
+// for ever, unbounded, on a client that stopped reading earlier answers on the
+// connection. It returns how much later than its last write the answer may be written
+// (net/http's read of the body comes first): the body idle timeout, or 0 for a
+// request without a body, which costs one comparison.
+func (rt *route) boundDiscard(w http.ResponseWriter, r *http.Request) time.Duration {
 	if rt.bodyIdle <= 0 || r.Body == nil || r.Body == http.NoBody {
-		return
+		return 0
 	}
 	if d, ok := w.(deadliner); ok {
-		_ = d.SetReadDeadline(time.Now().Add(rt.bodyIdle))
+		at := time.Now().Add(rt.bodyIdle)
+		_ = d.SetReadDeadline(at)
+		_ = d.SetWriteDeadline(at)
 	}
+	return rt.bodyIdle
 }
 
 // ServeHTTP takes a token from the route's bucket, then forwards r to Core; or answers
@@ -400,8 +411,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	rec := &recorder{ResponseWriter: w, http10: !r.ProtoAtLeast(1, 1), start: start}
-	rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
+	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start}
+	rec.discard = rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler && !rec.aborted {
@@ -757,19 +768,21 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// recorder remembers the status and body size of an answer. It unwraps to the
-// connection's writer, so that http.ResponseController (and so ReverseProxy's flushes)
-// reach it.
+// recorder remembers the status and body size of an answer, and bounds each of its
+// writes by the body idle timeout (armWrite). It unwraps to the connection's writer, so
+// that http.ResponseController (and so ReverseProxy's flushes) reach it.
 type recorder struct {
 	http.ResponseWriter
 	status   int
 	bytes    int64
-	http10   bool      // the client speaks HTTP/1.0: no 1xx may reach it
-	aborted  bool      // abort cut the request, already counted
-	ex       *exchange // nil for answers the proxy gives itself
-	writeErr error     // the first failed write to the client
-	decision string    // the limiter's outcome (or the bridge's source); "": neither
-	start    time.Time // when the request reached the route: its duration, its Date
+	idle     time.Duration // the body idle timeout; 0: writes unbounded
+	discard  time.Duration // how long net/http may read the unread body before it writes
+	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
+	aborted  bool          // abort cut the request, already counted
+	ex       *exchange     // nil for answers the proxy gives itself
+	writeErr error         // the first failed write to the client
+	decision string        // the limiter's outcome (or the bridge's source); "": neither
+	start    time.Time     // when the request reached the route: its duration, its Date
 	// outcome is the limiter's decision for this request, counted by finish when
 	// decided is set (decide).
 	outcome limiter.Outcome
@@ -782,6 +795,30 @@ func (w *recorder) decide(d limiter.Decision) {
 	w.outcome, w.decided = d.Outcome, true
 }
 
+// armWrite sets the client connection's write deadline one body idle timeout from
+// now, for the writes that follow: a client that stops reading its answer (its socket
+// buffers full, for a long answer or for many short ones sent back to back) has its
+// connection closed then, instead of holding it, its goroutine and its buffers for
+// ever. net/http's own WriteTimeout counts from the request's arrival and would cut a
+// long answer that progresses; this one counts from the last write. net/http writes
+// an answer's last bytes after the handler returns, within the deadline the last write
+// set, then clears it for the connection's next request. Before it writes the
+// header, net/http reads what is left of a body the handler did not read (up to
+// 256 KiB, for at most discard): the deadline allows for that wait too.
+func (w *recorder) armWrite() {
+	if w.idle <= 0 {
+		return
+	}
+	if d, ok := w.ResponseWriter.(deadliner); ok {
+		_ = d.SetWriteDeadline(time.Now().Add(w.idle + w.discard))
+	}
+}
+
+// ownPiece is the most the proxy writes of an answer of its own (a stored result) in
+// one write, in bytes, its write deadline moved on before each piece: a slow client
+// that keeps reading a long answer is not cut.
+const ownPiece = 64 << 10
+
 func (w *recorder) WriteHeader(code int) {
 	if code < 200 && w.http10 {
 		return // RFC 9110, section 15.2: no 1xx to an HTTP/1.0 client
@@ -789,16 +826,36 @@ func (w *recorder) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
 		w.status = code
 	}
+	w.armWrite() // a 1xx is written at once; a final status with the first body bytes
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *recorder) Write(p []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.status = http.StatusOK // net/http writes the header now
+		w.armWrite()
 	}
 	if w.ex != nil {
-		w.ex.armWrite()
+		// Core's answer, relayed as it comes: each write may wait on the client.
+		w.armWrite()
+		return w.write(p)
 	}
+	// An answer of the proxy's own, whole in memory: the header's deadline covers
+	// its first piece.
+	n := 0
+	for {
+		k, err := w.write(p[:min(len(p), ownPiece)])
+		n += k
+		p = p[k:]
+		if err != nil || len(p) == 0 {
+			return n, err
+		}
+		w.armWrite()
+	}
+}
+
+// write writes p to the client and counts it.
+func (w *recorder) write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
 	w.bytes += int64(n)
 	if err != nil && w.writeErr == nil {

@@ -130,12 +130,16 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 	// A callback is a small JSON body, read whole by the handler, or left for net/http
 	// to read (up to 256 KiB) before it answers a refusal: both reads are bounded, so
 	// that a peer silent in its body does not hold a connection for ever, and is
-	// still answered (no WriteTimeout: it would run out with the read; the answers are
-	// a few bytes, written to the socket's buffer at once).
+	// still answered. The answers are bounded too, so that a peer that sends callbacks
+	// back to back and reads none of the answers is cut once they fill its buffers:
+	// net/http counts WriteTimeout from the end of the request's header, and the
+	// answer comes after the body's read, which may take the whole ReadTimeout, so the
+	// write gets one body idle timeout more than the read.
 	srv := &http.Server{
 		Handler:           b.Handler(),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.BodyIdleTimeout,
+		WriteTimeout:      2 * cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          serverErrorLog(log),
 	}

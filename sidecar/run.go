@@ -300,7 +300,9 @@ func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, l
 
 // newServer returns the proxy's server. It sets no ReadTimeout nor WriteTimeout: they
 // would cut a slow upload of hundreds of MiB or a long sanitized download. Slow clients
-// are bounded by ReadHeaderTimeout and IdleTimeout instead.
+// are bounded by ReadHeaderTimeout and IdleTimeout instead, and the bodies both ways,
+// the proxy's own answers included, by the proxy's body idle timeout, counted from
+// each read and write.
 func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,

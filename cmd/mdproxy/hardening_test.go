@@ -695,12 +695,11 @@ func TestAbandonedUploadIs499(t *testing.T) {
 	}
 }
 
-// TestSilentCallbackBodyCut is TestSilentClientAnswered's sibling on the bridge's
-// callback listener: a peer that goes silent in the body of a callback, forged or
-// not, is answered and its connection closed once the body idle timeout has passed,
-// rather than holding the connection and its goroutine for ever (net/http reads up to
-// 256 KiB of an unread body before it answers).
-func TestSilentCallbackBodyCut(t *testing.T) {
+// startWithCallbackListener starts the binary with the bridge's callback listener on a
+// free loopback port and a body idle timeout of 1 s, and returns it and that port's
+// address.
+func startWithCallbackListener(t *testing.T) (*proc, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -708,7 +707,16 @@ func TestSilentCallbackBodyCut(t *testing.T) {
 	bridgeAddr := ln.Addr().String()
 	ln.Close()
 	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {})
-	startBinary(t, up.URL, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": bridgeAddr, "MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
+	return startBinary(t, up.URL, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": bridgeAddr, "MDPROXY_BODY_IDLE_TIMEOUT": "1s"}), bridgeAddr
+}
+
+// TestSilentCallbackBodyCut is TestSilentClientAnswered's sibling on the bridge's
+// callback listener: a peer that goes silent in the body of a callback, forged or
+// not, is answered and its connection closed once the body idle timeout has passed,
+// rather than holding the connection and its goroutine for ever (net/http reads up to
+// 256 KiB of an unread body before it answers).
+func TestSilentCallbackBodyCut(t *testing.T) {
+	_, bridgeAddr := startWithCallbackListener(t)
 	for _, target := range []string{"/callback/forged-secret", "/callback/"} {
 		c := dial(t, bridgeAddr)
 		if _, err := io.WriteString(c, "POST "+target+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"data_id\""); err != nil {
@@ -724,5 +732,152 @@ func TestSilentCallbackBodyCut(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("POST %s, silent in its body: %d, want 404 (no such callback)", target, resp.StatusCode)
 		}
+	}
+}
+
+// TestStalledReaderOfShortAnswersCut is TestStalledReaderCut's sibling for answers too
+// short to stall on their own: a client that sends requests back to back (HTTP/1.1
+// pipelining) and reads none of the answers fills its socket buffers with them until
+// a write of the proxy blocks. Whether the answers are the proxy's own (the limit
+// answer, a refusal) or short ones of Core's, that write must be cut after the body
+// idle timeout and the connection closed, or the client holds it, its goroutine and
+// megabytes of socket buffers for ever.
+func TestStalledReaderOfShortAnswersCut(t *testing.T) {
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"version":"5.0"}`)
+	})
+	p := startBinary(t, up.URL, map[string]string{
+		"MDPROXY_BODY_IDLE_TIMEOUT": "1s",
+		"MDPROXY_BRIDGE":            "false",
+		"MDPROXY_FILE_RESULT_RATE":  "1",
+		"MDPROXY_FILE_RESULT_BURST": "1",
+	})
+	for _, tc := range []struct{ name, request string }{
+		{"limit answer", "GET /file/0123456789abcdef HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"refusal", "GET /file/a%2Fb HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"Core's short answer", "GET /version HTTP/1.1\r\nHost: x\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stallReader(t, p, p.proxyAddr, tc.request, "mdproxy_requests_total")
+		})
+	}
+}
+
+// TestStalledReaderOfCallbackAnswersCut is the same on the bridge's callback listener:
+// a peer that sends callbacks back to back (forged ones here) and reads none of the
+// answers is cut.
+func TestStalledReaderOfCallbackAnswersCut(t *testing.T) {
+	p, bridgeAddr := startWithCallbackListener(t)
+	body := `{"data_id":"0123456789abcdef"}`
+	stallReader(t, p, bridgeAddr, fmt.Sprintf("POST /callback/forged-secret HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body),
+		"mdproxy_bridge_callbacks_total")
+}
+
+// stallReader sends request to addr back to back on one connection and reads none of
+// the answers, then reads once p has counted no more of them (counter, summed over
+// its series) for 2 s, twice the body idle timeout the test gave p: a proxy that closed
+// the connection ends it at once, having answered only some of the requests; one still
+// blocked in a write resumes, and the connection stays open.
+func stallReader(t *testing.T, p *proc, addr, request, counter string) {
+	t.Helper()
+	// More answers than the socket buffers hold (the proxy's send buffer grows to 4 MiB
+	// on Linux by default; each answer is over 100 bytes).
+	const requests = 60000
+	c := dial(t, addr)
+	_ = c.SetReadBuffer(4096)
+	var sent atomic.Int64 // requests written
+	wrote := make(chan error, 1)
+	go func() {
+		batch := []byte(strings.Repeat(request, 100))
+		for sent.Load() < requests {
+			if _, err := c.Write(batch); err != nil {
+				wrote <- err
+				return
+			}
+			sent.Add(100)
+		}
+		wrote <- nil
+	}()
+	for last, quiet := counted(t, p, counter), 0; quiet < 20; {
+		time.Sleep(100 * time.Millisecond)
+		if n := counted(t, p, counter); n != last {
+			last, quiet = n, 0
+		} else {
+			quiet++
+		}
+	}
+	answers, err := countAnswers(c)
+	c.Close() // ends the writer, if it still waits
+	<-wrote
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() || answers >= int(sent.Load()) {
+		t.Errorf("answers unread for 2 s: the connection still open once read, %d of %d requests answered (%v); want it closed after the 1s body idle timeout",
+			answers, sent.Load(), err)
+	}
+	t.Logf("%d requests sent, %d answered before the connection ended (%v)", sent.Load(), answers, err)
+}
+
+// counted returns the sum of every series of the counter in p's /metrics.
+func counted(t *testing.T, p *proc, counter string) float64 {
+	t.Helper()
+	var n float64
+	for _, line := range strings.Split(p.metrics(t), "\n") {
+		if rest, ok := strings.CutPrefix(line, counter+"{"); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err != nil {
+				t.Fatalf("%s line %q: %v", counter, line, err)
+			}
+			n += v
+		}
+	}
+	return n
+}
+
+// countAnswers reads c to its end (EOF, a reset or its deadline) and returns how many
+// HTTP/1.1 answers began in what it read, with the error that ended it (nil at EOF).
+func countAnswers(c net.Conn) (int, error) {
+	n, tail := 0, ""
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := c.Read(buf)
+		s := tail + string(buf[:k])
+		n += strings.Count(s, "HTTP/1.1 ")
+		tail = s[max(0, len(s)-8):] // a status line cut between two reads
+		n -= strings.Count(tail, "HTTP/1.1 ")
+		if err != nil {
+			n += strings.Count(tail, "HTTP/1.1 ")
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return n, err
+		}
+	}
+}
+
+// TestNetHTTPAnswerAfterPause: each answer sets the connection's write deadline one
+// body idle timeout after its last write, so that a client that stops reading it is
+// cut; net/http clears it once the answer is out. A client that reads an answer,
+// pauses longer than that timeout (but not as long as a kept-alive connection's idle
+// timeout) and sends a malformed request must still get net/http's 400, not a
+// connection closed without a word.
+func TestNetHTTPAnswerAfterPause(t *testing.T) {
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"version":"5.0"}`)
+	})
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s", "MDPROXY_IDLE_TIMEOUT": "10s"})
+	c := dial(t, p.proxyAddr)
+	br := bufio.NewReader(c)
+	for _, req := range []string{"GET /version HTTP/1.1\r\nHost: x\r\n\r\n", "GET /version HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"} {
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%q after a pause of 1.5 s: no answer (%v)", req, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		t.Logf("%q: %s", req, resp.Status)
+		time.Sleep(1500 * time.Millisecond)
 	}
 }

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mdproxy/mdproxy/bridge"
+)
+
+// TestLongStoredAnswerToSlowReader: a stored result longer than the socket buffers
+// hold, polled by a client that reads it slowly but steadily, arrives whole. The write
+// deadline that bounds a client that stops reading counts from each piece written
+// (ownPiece), not from the answer's first byte: here the whole answer takes about
+// three times the body idle timeout to read.
+func TestLongStoredAnswerToSlowReader(t *testing.T) {
+	const id = "61dffeaa728844adbf49eb090e4ece0e"
+	body := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB
+	br, store := newTestBridgeStoreOf(t, 256<<20)           // keeps results of up to 16 MiB
+	store.Put(id, bridge.Result{Body: body, ContentType: "application/json", Owner: bridge.OwnerOf("k")})
+	base, _ := newTestProxy(t, &countingUpstream{}, func(o *Options) {
+		o.Bridge = br
+		o.BodyIdleTimeout = 500 * time.Millisecond
+	})
+	// A small receive buffer, so that the answer waits in the proxy's send buffer
+	// (at most 4 MiB) and its writes, for the client's reads.
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return errors.Join(err, serr)
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	req, _ := http.NewRequest(http.MethodGet, base+"/file/"+id, nil)
+	req.Header.Set("Apikey", "k")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status = %d, want 200 (a store hit)", resp.StatusCode)
+	}
+	var got bytes.Buffer
+	start := time.Now()
+	for {
+		n, err := io.CopyN(&got, resp.Body, 512<<10)
+		if err != nil || n == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // 5 MiB a second: 1.6 s for the answer
+	}
+	if !bytes.Equal(got.Bytes(), body) {
+		t.Fatalf("read %d of %d bytes in %v; want the whole stored result for a client that keeps reading",
+			got.Len(), len(body), time.Since(start).Round(time.Millisecond))
+	}
+}
