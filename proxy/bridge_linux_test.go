@@ -34,7 +34,7 @@ func TestLongStoredAnswerToSlowReader(t *testing.T) {
 		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 		return errors.Join(err, serr)
 	}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: dialer.DialContext}}
 	req, _ := http.NewRequest(http.MethodGet, base+"/file/"+id, nil)
 	req.Header.Set("Apikey", "k")
 	resp, err := client.Do(req)

@@ -71,7 +71,8 @@ func newExchange(w http.ResponseWriter, r *http.Request, idle time.Duration) *ex
 // each read by the idle timeout, and ends with errCoreGone once Core has gone.
 type requestBody struct {
 	io.ReadCloser
-	ex *exchange
+	ex   *exchange
+	read bool // a read was asked for
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
@@ -82,8 +83,16 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		return 0, errCoreGone
 	}
 	if ex.idle > 0 {
-		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
+		now := time.Now()
+		_ = ex.client.SetReadDeadline(now.Add(ex.idle))
+		if !b.read {
+			// net/http writes "100 Continue" to a client that asked for it at the
+			// body's first read, before any answer: bounded, or it would block for
+			// ever on a client that stopped reading earlier answers on the connection.
+			_ = ex.client.SetWriteDeadline(now.Add(ex.idle))
+		}
 	}
+	b.read = true
 	ex.mu.Unlock()
 
 	if ex.batch != nil {
@@ -126,6 +135,13 @@ func (ex *exchange) requestFailed() error {
 		return *p
 	}
 	return nil
+}
+
+// bodyUnread reports whether the request has a body not read to its end.
+func (ex *exchange) bodyUnread() bool {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return !ex.bodyDone
 }
 
 // responseFailed returns the error that ended Core's response body early, or nil.

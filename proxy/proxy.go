@@ -387,20 +387,15 @@ func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg 
 // body before it writes the answer, and with no bound a client gone silent would never
 // get the answer and would hold the connection. A forwarded body's reads each set
 // their own deadline (requestBody), and the next request on the connection gets
-// net/http's again. The write deadline is set too: net/http writes "100 Continue" at
-// the body's first read, before any answer of the handler's, and that write blocks
-// for ever, unbounded, on a client that stopped reading earlier answers on the
-// connection. It returns how much later than its last write the answer may be written
-// (net/http's read of the body comes first): the body idle timeout, or 0 for a
-// request without a body, which costs one comparison.
+// net/http's again. It returns how much later than its last write an answer the
+// proxy gives itself may be written (net/http's read of the body comes first): the
+// body idle timeout, or 0 for a request without a body, which costs one comparison.
 func (rt *route) boundDiscard(w http.ResponseWriter, r *http.Request) time.Duration {
 	if rt.bodyIdle <= 0 || r.Body == nil || r.Body == http.NoBody {
 		return 0
 	}
 	if d, ok := w.(deadliner); ok {
-		at := time.Now().Add(rt.bodyIdle)
-		_ = d.SetReadDeadline(at)
-		_ = d.SetWriteDeadline(at)
+		_ = d.SetReadDeadline(time.Now().Add(rt.bodyIdle))
 	}
 	return rt.bodyIdle
 }
@@ -776,7 +771,7 @@ type recorder struct {
 	status   int
 	bytes    int64
 	idle     time.Duration // the body idle timeout; 0: writes unbounded
-	discard  time.Duration // how long net/http may read the unread body before it writes
+	discard  time.Duration // how long net/http may read an unread body before it writes
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
 	aborted  bool          // abort cut the request, already counted
 	ex       *exchange     // nil for answers the proxy gives itself
@@ -803,15 +798,21 @@ func (w *recorder) decide(d limiter.Decision) {
 // long answer that progresses; this one counts from the last write. net/http writes
 // an answer's last bytes after the handler returns, within the deadline the last write
 // set, then clears it for the connection's next request. Before it writes the
-// header, net/http reads what is left of a body the handler did not read (up to
-// 256 KiB, for at most discard): the deadline allows for that wait too.
+// header, net/http reads what is left of a body nobody read (up to 256 KiB, for at
+// most discard): while the body is unread, the deadline allows for that wait too.
 func (w *recorder) armWrite() {
 	if w.idle <= 0 {
 		return
 	}
-	if d, ok := w.ResponseWriter.(deadliner); ok {
-		_ = d.SetWriteDeadline(time.Now().Add(w.idle + w.discard))
+	d, ok := w.ResponseWriter.(deadliner)
+	if !ok {
+		return
 	}
+	bound := w.idle
+	if w.discard > 0 && (w.ex == nil || w.ex.bodyUnread()) {
+		bound += w.discard
+	}
+	_ = d.SetWriteDeadline(time.Now().Add(bound))
 }
 
 // ownPiece is the most the proxy writes of an answer of its own (a stored result) in

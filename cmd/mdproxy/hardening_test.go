@@ -881,3 +881,25 @@ func TestNetHTTPAnswerAfterPause(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 	}
 }
+
+// TestExpectContinueLate: a client that asks for "100 Continue" gets it when the proxy
+// first reads its body, which may come later than the body idle timeout after the
+// request arrived (here Core does not answer the proxy's own Expect within the
+// transport's wait of 1 s, and the proxy then sends the body anyway). The bound on a
+// client that stops reading answers must not cut that write, or the upload loses its
+// answer.
+func TestExpectContinueLate(t *testing.T) {
+	const size = 64 << 10
+	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(1200 * time.Millisecond) // no 100 Continue from Core meanwhile
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, `{"data_id":"%d"}`, n)
+	})
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "700ms", "MDPROXY_BRIDGE": "false"})
+	for range 2 {
+		code, body := rawUploadWith(t, p.proxyAddr, size, true, "")
+		if want := fmt.Sprintf(`{"data_id":"%d"}`, size); code != http.StatusOK || body != want {
+			t.Errorf("upload with Expect: 100-continue, Core slow to start reading: %d %q, want 200 %q", code, body, want)
+		}
+	}
+}
