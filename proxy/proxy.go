@@ -832,9 +832,9 @@ func (w *recorder) WriteHeader(code int) {
 }
 
 func (w *recorder) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK // net/http writes the header now
-		w.armWrite()
+	implicit := w.status == 0 // net/http writes a 200 header now, no WriteHeader armed it
+	if implicit {
+		w.status = http.StatusOK
 	}
 	if w.ex != nil {
 		// Core's answer, relayed as it comes: each write may wait on the client.
@@ -843,6 +843,9 @@ func (w *recorder) Write(p []byte) (int, error) {
 	}
 	// An answer of the proxy's own, whole in memory: the header's deadline covers
 	// its first piece.
+	if implicit {
+		w.armWrite()
+	}
 	n := 0
 	for {
 		k, err := w.write(p[:min(len(p), ownPiece)])
