@@ -10,23 +10,39 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/metrics"
 )
 
 // TestLongStoredAnswerToSlowReader: a stored result longer than the socket buffers
-// hold, polled by a client that reads it slowly but steadily, arrives whole. The write
-// deadline that bounds a client that stops reading counts from each piece written
-// (ownPiece), not from the answer's first byte: here the whole answer takes about
-// three times the body idle timeout to read.
+// hold, polled by a client that reads it slowly but steadily, arrives whole, whether
+// the kernel bounds the connection (ConnContext) or the write deadline does: that
+// deadline counts from each piece written (ownPiece), not from the answer's first byte,
+// and the kernel's bound from the client's last taking data. Here the whole answer
+// takes about three times the body idle timeout to read.
 func TestLongStoredAnswerToSlowReader(t *testing.T) {
+	for _, connContext := range []bool{true, false} {
+		name := "write deadline"
+		if connContext {
+			name = "kernel"
+		}
+		t.Run(name, func(t *testing.T) { slowReadStoredAnswer(t, connContext) })
+	}
+}
+
+func slowReadStoredAnswer(t *testing.T, connContext bool) {
 	const id = "61dffeaa728844adbf49eb090e4ece0e"
 	body := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB
 	br, store := newTestBridgeStoreOf(t, 256<<20)           // keeps results of up to 16 MiB
 	store.Put(id, bridge.Result{Body: body, ContentType: "application/json", Owner: bridge.OwnerOf("k")})
-	base, _ := newTestProxy(t, &countingUpstream{}, func(o *Options) {
-		o.Bridge = br
-		o.BodyIdleTimeout = 500 * time.Millisecond
-	})
+	p, err := New(Options{Upstream: closedAddr(t), Metrics: metrics.New(prometheus.NewRegistry()),
+		Bridge: br, BodyIdleTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := serveProxy(t, p, p, connContext, false, nil).URL
 	// A small receive buffer, so that the answer waits in the proxy's send buffer
 	// (at most 4 MiB) and its writes, for the client's reads.
 	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {

@@ -177,7 +177,8 @@ func (ex *exchange) coreClosed() {
 // reads of it), none after, and with the write deadline of the answer's last write
 // (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
 // a client that stopped reading must not hold that write for ever (net/http clears
-// the deadline once they are out).
+// the deadline once they are out). Core's answers relayed have that deadline on every
+// connection; the kernel's bound (Proxy.ConnContext) is twice as long, a backstop.
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()

@@ -74,9 +74,10 @@ type Options struct {
 	// BodyIdleTimeout bounds how long a client may make no progress sending its
 	// request body or reading its answer; the exchange is then cut and counted
 	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
-	// stored result, a refusal) are bounded too, each write from the last (not
-	// counted: a client that reads none of many short answers is cut by net/http's
-	// write after the handler). Core's side is bounded by the Transport
+	// stored result, a refusal) are bounded too, not counted: on a connection set up
+	// by ConnContext on Linux, by the kernel once the client has taken none of its
+	// data for twice the timeout (TCP_USER_TIMEOUT); otherwise by a write deadline of
+	// the timeout from each write. Core's side is bounded by the Transport
 	// (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it off.
 	BodyIdleTimeout time.Duration
 	// UploadReadBatch is the most bytes of a request body the proxy lets queue on the
@@ -100,7 +101,8 @@ type Proxy struct {
 	byPattern map[string]*route
 	routeCtx  sync.Pool
 	other     *route
-	routes    []*route // every route, other included, for SetLimits
+	routes    []*route      // every route, other included, for SetLimits
+	bodyIdle  time.Duration // Options.BodyIdleTimeout; 0: off
 
 	setLimits sync.Mutex // one SetLimits at a time, so the limit gauges follow the last
 }
@@ -190,7 +192,7 @@ func New(opts Options) (*Proxy, error) {
 		opts.BodyIdleTimeout = 0
 	}
 
-	p := &Proxy{router: chi.NewMux(), byPattern: map[string]*route{}}
+	p := &Proxy{router: chi.NewMux(), byPattern: map[string]*route{}, bodyIdle: opts.BodyIdleTimeout}
 	p.routeCtx.New = func() any { return chi.NewRouteContext() }
 	for _, rt := range routeTable {
 		h := newRoute(rt.name, opts)
@@ -374,6 +376,7 @@ func (p *Proxy) routeOf(method, cp string) *route {
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, start: time.Now()}
+	rec.ownBound = clientConnOf(r).writeBound
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	rec.discard = rt.boundDiscard(w, r)
@@ -406,7 +409,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start}
+	cc := clientConnOf(r)
+	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start, ownBound: cc.writeBound}
 	rec.discard = rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
 	defer func() {
 		if v := recover(); v != nil {
@@ -468,10 +472,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.WithContext(ctx)
 	if hasBody {
 		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
-		if rt.readBatch > 0 {
-			if rc, ok := r.Context().Value(clientConnKey{}).(syscall.RawConn); ok {
-				ex.batch = newReadBatch(rc, r.ContentLength, rt.readBatch) // nil for a small body
-			}
+		if rt.readBatch > 0 && cc.rc != nil {
+			ex.batch = newReadBatch(cc.rc, r.ContentLength, rt.readBatch) // nil for a small body
 		}
 	}
 	rt.proxy.ServeHTTP(rec, out)
@@ -775,6 +777,7 @@ type recorder struct {
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
 	aborted  bool          // abort cut the request, already counted
 	ex       *exchange     // nil for answers the proxy gives itself
+	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
 	writeErr error         // the first failed write to the client
 	decision string        // the limiter's outcome (or the bridge's source); "": neither
 	start    time.Time     // when the request reached the route: its duration, its Date
@@ -791,7 +794,8 @@ func (w *recorder) decide(d limiter.Decision) {
 }
 
 // armWrite sets the client connection's write deadline one body idle timeout from
-// now, for the writes that follow: a client that stops reading its answer (its socket
+// now, for the writes that follow (not for an answer of the proxy's own on a connection
+// the kernel bounds, ownBound): a client that stops reading its answer (its socket
 // buffers full, for a long answer or for many short ones sent back to back) has its
 // connection closed then, instead of holding it, its goroutine and its buffers for
 // ever. net/http's own WriteTimeout counts from the request's arrival and would cut a
@@ -801,7 +805,7 @@ func (w *recorder) decide(d limiter.Decision) {
 // header, net/http reads what is left of a body nobody read (up to 256 KiB, for at
 // most discard): while the body is unread, the deadline allows for that wait too.
 func (w *recorder) armWrite() {
-	if w.idle <= 0 {
+	if w.idle <= 0 || (w.ex == nil && w.ownBound) {
 		return
 	}
 	d, ok := w.ResponseWriter.(deadliner)
@@ -841,8 +845,11 @@ func (w *recorder) Write(p []byte) (int, error) {
 		w.armWrite()
 		return w.write(p)
 	}
-	// An answer of the proxy's own, whole in memory: the header's deadline covers
-	// its first piece.
+	// An answer of the proxy's own, whole in memory: the kernel bounds it, or the
+	// header's deadline covers its first piece.
+	if w.ownBound {
+		return w.write(p)
+	}
 	if implicit {
 		w.armWrite()
 	}

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"net"
 	"sync"
 	"syscall"
 	"time"
@@ -31,26 +29,6 @@ import (
 // waiting read when its mark drops, tcp_set_rcvlowat, since Linux 4.18; older kernels
 // at the next segment), and the reads after a read that waited so ask for no mark until
 // one finds a batch queued.
-
-// ConnContext is an http.Server's ConnContext that keeps the client's TCP connection in
-// the context of each request on it, so that the proxy can batch the reads of a large
-// upload (Options.UploadReadBatch). It returns ctx unchanged for a connection that is
-// not a *net.TCPConn (TLS, Unix sockets): their uploads are read without a mark. Safe
-// for concurrent use.
-func ConnContext(ctx context.Context, c net.Conn) context.Context {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return ctx
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return ctx
-	}
-	return context.WithValue(ctx, clientConnKey{}, rc)
-}
-
-// clientConnKey is the context key of the client connection's syscall.RawConn.
-type clientConnKey struct{}
 
 const (
 	// readBatchMin is the smallest mark worth setting, and the smallest read that shows

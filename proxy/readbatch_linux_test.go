@@ -61,7 +61,7 @@ func newBatchProxy(t *testing.T, batch int, idle time.Duration) *batchProxy {
 			default:
 			}
 		}
-		return ConnContext(ctx, c)
+		return p.ConnContext(ctx, c)
 	}
 	front.Start()
 	t.Cleanup(front.Close)

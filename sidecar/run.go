@@ -298,18 +298,18 @@ func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, l
 	}
 }
 
-// newServer returns the proxy's server. It sets no ReadTimeout nor WriteTimeout: they
-// would cut a slow upload of hundreds of MiB or a long sanitized download. Slow clients
-// are bounded by ReadHeaderTimeout and IdleTimeout instead, and the bodies both ways,
-// the proxy's own answers included, by the proxy's body idle timeout, counted from
-// each read and write.
-func newServer(cfg *Config, h http.Handler, errLog *log.Logger) *http.Server {
+// newServer returns the proxy's server for p. It sets no ReadTimeout nor WriteTimeout:
+// they would cut a slow upload of hundreds of MiB or a long sanitized download. Slow
+// clients are bounded by ReadHeaderTimeout and IdleTimeout instead, and the bodies both
+// ways by the proxy's body idle timeout, counted from each read and write; the proxy's
+// own answers by the kernel on Linux, on each connection p.ConnContext sets up.
+func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 	return &http.Server{
-		Handler:           h,
+		Handler:           p,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ErrorLog:          errLog,
-		ConnContext:       proxy.ConnContext, // for MDPROXY_UPLOAD_READ_BATCH
+		ConnContext:       p.ConnContext, // MDPROXY_BODY_IDLE_TIMEOUT and MDPROXY_UPLOAD_READ_BATCH on each connection
 	}
 }
 

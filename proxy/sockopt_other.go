@@ -5,6 +5,7 @@ package proxy
 import (
 	"errors"
 	"syscall"
+	"time"
 )
 
 // rcvLowatWakes: elsewhere a socket's low-water mark may not wake a waiting reader
@@ -13,5 +14,11 @@ const rcvLowatWakes = false
 
 // setRcvLowat is never called where rcvLowatWakes is false; it refuses every mark.
 func setRcvLowat(syscall.RawConn, int) error {
+	return errors.ErrUnsupported
+}
+
+// setUserTimeout refuses: without TCP_USER_TIMEOUT, each of the proxy's own answers
+// sets a write deadline (see Proxy.ConnContext).
+func setUserTimeout(syscall.RawConn, time.Duration) error {
 	return errors.ErrUnsupported
 }
