@@ -776,15 +776,15 @@ type recorder struct {
 	discard  time.Duration // how long net/http may read an unread body before it writes
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
 	aborted  bool          // abort cut the request, already counted
-	ex       *exchange     // nil for answers the proxy gives itself
 	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
+	decided  bool          // outcome is the limiter's decision, counted by finish (decide)
+	ex       *exchange     // nil for answers the proxy gives itself
 	writeErr error         // the first failed write to the client
 	decision string        // the limiter's outcome (or the bridge's source); "": neither
 	start    time.Time     // when the request reached the route: its duration, its Date
-	// outcome is the limiter's decision for this request, counted by finish when
-	// decided is set (decide).
-	outcome limiter.Outcome
-	decided bool
+	outcome  limiter.Outcome
+	// The fields are in this order so that a recorder takes 128 bytes, one allocation
+	// of the smallest size class that holds it.
 }
 
 // decide records d as the limiter's decision for the request, counted once by finish.
