@@ -6,19 +6,25 @@ import (
 	"net"
 	"net/http"
 	"syscall"
+	"time"
 )
 
 // ConnContext is the http.Server's ConnContext that the proxy's server must have (the
 // sidecar sets it). For each client connection it:
-//   - bounds, on Linux, how long the connection may hold data the client does not take:
-//     TCP_USER_TIMEOUT (tcp(7)) of twice the body idle timeout, after which the kernel
-//     closes a connection whose data stays unacknowledged, or unsent behind a zero
-//     window, and a blocked write fails. This bounds the proxy's own answers (a limit
-//     answer, a stored result, a refusal) at no cost a request; without it (other
-//     systems, a socket that refuses the option, a server without this ConnContext)
-//     each of those answers sets a write deadline, a runtime timer set and cleared,
-//     which cost about 3.5% of the limit answers a core serves (README, Performance);
-//   - keeps the connection's syscall.RawConn for batching the reads of a large upload
+//   - bounds, on Linux 5.11 or later, how long the connection may hold data the client
+//     does not take: TCP_USER_TIMEOUT (tcp(7)) of twice the body idle timeout, after
+//     which the kernel closes a connection whose data stays unacknowledged, or unsent
+//     behind a zero window (Linux applies the option to a zero window since 5.11), and
+//     a blocked write fails. This bounds the proxy's own answers (a limit answer, a
+//     stored result, a refusal) at no cost per request; without it (older kernels,
+//     other systems, a socket that refuses the option, a server without this
+//     ConnContext) each of those answers sets a write deadline, a runtime timer set and
+//     cleared, which cost about 3.6% of the limit answers a core serves (README,
+//     Performance). While the proxy relays Core's answer, the option is off and that
+//     answer's writes have deadlines instead, so that a client that stops reading it is
+//     counted (mdproxy_body_timeouts_total), not taken for one that left (see
+//     exchange.unbindWrites);
+//   - keeps the connection's socket for batching the reads of a large upload
 //     (Options.UploadReadBatch), for a plain TCP connection only: a TLS connection's
 //     uploads are read without a mark.
 //
@@ -37,33 +43,35 @@ func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if err != nil {
 		return ctx
 	}
-	cc := &clientConn{}
-	if nc == c {
-		cc.rc = rc
-	}
-	if p.bodyIdle > 0 && setUserTimeout(rc, 2*p.bodyIdle) == nil {
+	cc := &clientConn{rc: rc, plain: nc == c, bound: 2 * p.bodyIdle}
+	if p.bodyIdle > 0 && userTimeoutBoundsZeroWindow() && setUserTimeout(rc, cc.bound) == nil {
 		cc.writeBound = true
 	}
 	return context.WithValue(ctx, clientConnKey{}, cc)
 }
 
-// clientConn is what ConnContext learned of a client connection.
+// clientConn is what ConnContext learned of a client connection. Its requests are
+// served one after another, each by the connection's goroutine (HTTP/1.1), the only
+// one that reads or writes it.
 type clientConn struct {
-	// rc is the plain TCP connection, for upload read batches; nil over TLS.
+	// rc is the TCP socket under the connection, TLS or not.
 	rc syscall.RawConn
+	// plain: no TLS; rc may batch the reads of an upload.
+	plain bool
+	// bound is the connection's TCP_USER_TIMEOUT while the proxy answers on its own:
+	// twice the body idle timeout.
+	bound time.Duration
 	// writeBound: the kernel closes the connection once the client has taken none of
-	// its data for twice the body idle timeout (TCP_USER_TIMEOUT).
+	// its data for bound (TCP_USER_TIMEOUT), but while Core's answer is relayed.
 	writeBound bool
 }
 
 // clientConnKey is the context key of the *clientConn of a request's connection.
 type clientConnKey struct{}
 
-// clientConnOf returns what ConnContext learned of r's connection, or the zero
-// clientConn when the server has no such ConnContext.
-func clientConnOf(r *http.Request) clientConn {
-	if cc, ok := r.Context().Value(clientConnKey{}).(*clientConn); ok {
-		return *cc
-	}
-	return clientConn{}
+// clientConnOf returns what ConnContext learned of r's connection, or nil when the
+// server has no such ConnContext.
+func clientConnOf(r *http.Request) *clientConn {
+	cc, _ := r.Context().Value(clientConnKey{}).(*clientConn)
+	return cc
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -49,21 +51,27 @@ func serveProxy(t *testing.T, p *Proxy, h http.Handler, connContext, tls bool, c
 // userTimeout returns the TCP_USER_TIMEOUT of c's socket, in milliseconds.
 func userTimeout(t *testing.T, c net.Conn) int {
 	t.Helper()
-	raw, err := c.(*net.TCPConn).SyscallConn()
+	got, err := userTimeoutOf(c)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return got
+}
+
+// userTimeoutOf returns the TCP_USER_TIMEOUT of c's socket, in milliseconds.
+func userTimeoutOf(c net.Conn) (int, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return 0, err
 	}
 	var got int
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
 		got, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 	}); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
-	if serr != nil {
-		t.Fatal(serr)
-	}
-	return got
+	return got, serr
 }
 
 // TestConnContextBoundsWrites: ConnContext sets TCP_USER_TIMEOUT to twice the body
@@ -89,8 +97,7 @@ func TestConnContextBoundsWrites(t *testing.T) {
 			conns := make(chan net.Conn, 1)
 			var seen atomic.Pointer[clientConn]
 			front := serveProxy(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				cc := clientConnOf(r)
-				seen.Store(&cc)
+				seen.Store(clientConnOf(r))
 			}), true, tc.tls, conns)
 			resp, err := front.Client().Get(front.URL + "/version")
 			if err != nil {
@@ -108,8 +115,8 @@ func TestConnContextBoundsWrites(t *testing.T) {
 			if cc.writeBound != (tc.want > 0) {
 				t.Errorf("writeBound = %v, want %v", cc.writeBound, tc.want > 0)
 			}
-			if (cc.rc != nil) == tc.tls {
-				t.Errorf("connection kept for read batches: %v, want %v (plain TCP only)", cc.rc != nil, !tc.tls)
+			if cc.plain == tc.tls {
+				t.Errorf("connection's reads may be batched: %v, want %v (plain TCP only)", cc.plain, !tc.tls)
 			}
 		})
 	}
@@ -118,7 +125,8 @@ func TestConnContextBoundsWrites(t *testing.T) {
 // TestOwnAnswersToStalledReaderCut: a client that sends polls back to back and reads
 // none of the limit answers has its connection closed, whether the kernel bounds the
 // connection (ConnContext: TCP_USER_TIMEOUT) or each answer sets a write deadline (a
-// server without ConnContext).
+// server without ConnContext). The bucket lets the first poll through (forwarded, its
+// answer Core's with a deadline of its own) and no other for 1000 s.
 func TestOwnAnswersToStalledReaderCut(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	for _, connContext := range []bool{true, false} {
@@ -128,7 +136,7 @@ func TestOwnAnswersToStalledReaderCut(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			p, err := New(Options{Upstream: closedAddr(t), Metrics: metrics.New(prometheus.NewRegistry()), BodyIdleTimeout: idle,
-				Limits: limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 1, Burst: 1}}, nil)})
+				Limits: limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 0.001, Burst: 1}}, nil)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,4 +189,120 @@ func TestOwnAnswersToStalledReaderCut(t *testing.T) {
 func readAnswers(c net.Conn) (int, error) {
 	data, err := io.ReadAll(c)
 	return strings.Count(string(data), "HTTP/1.1 "), err
+}
+
+// TestReleaseAtLeast: the kernel's release, as uname gives it, against the first that
+// applies TCP_USER_TIMEOUT to a zero window (5.11).
+func TestReleaseAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"6.18.44-fc-v669":       true,
+		"6.1.0-18-amd64":        true,
+		"5.11.0":                true,
+		"5.10.0-28-amd64":       false,
+		"4.18.0-513.el8.x86_64": false,
+		"10.0":                  true,
+		"":                      false,
+		"linux":                 false,
+	} {
+		if got := releaseAtLeast(release, 5, 11); got != want {
+			t.Errorf("releaseAtLeast(%q, 5, 11) = %v, want %v", release, got, want)
+		}
+	}
+}
+
+// TestSetUserTimeoutRange: TCP_USER_TIMEOUT is a 32-bit count of milliseconds: a
+// longer bound is set to its largest, not wrapped around to a short one; 0 turns it off.
+func TestSetUserTimeoutRange(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		want int
+	}{
+		{600 * time.Hour, math.MaxInt32},
+		{1500 * time.Microsecond, 1},
+		{120 * time.Second, 120000},
+		{0, 0},
+	} {
+		if err := setUserTimeout(rc, tc.d); err != nil {
+			t.Fatalf("setUserTimeout(%v): %v", tc.d, err)
+		}
+		if got := userTimeout(t, c); got != tc.want {
+			t.Errorf("setUserTimeout(%v): TCP_USER_TIMEOUT = %d ms, want %d", tc.d, got, tc.want)
+		}
+	}
+}
+
+// TestKernelBoundOffWhileRelaying: while Core's answer is relayed, the kernel's bound
+// is off the client's connection, its writes bounded by their deadlines instead, and
+// it is back on after: a client that stops reading Core's answer is cut by a deadline
+// and counted as such (mdproxy_body_timeouts_total), where the kernel, whose clock
+// runs from when the client's window closed, could cut it first, seen by the handler
+// as a client that left (499).
+func TestKernelBoundOffWhileRelaying(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	during := make(chan int, 1)
+	conns, fronts := make(chan net.Conn, 1), make(chan net.Conn, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		front := <-fronts
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(make([]byte, 64<<10))
+		http.NewResponseController(w).Flush()
+		time.Sleep(100 * time.Millisecond) // the proxy relays the first bytes meanwhile
+		ms, err := userTimeoutOf(front)
+		if err != nil {
+			ms = -1
+		}
+		during <- ms
+		_, _ = w.Write(make([]byte, 64<<10))
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	reg := prometheus.NewRegistry()
+	tr := NewTransport(TransportOptions{})
+	t.Cleanup(tr.CloseIdleConnections)
+	p, err := New(Options{Upstream: u, Metrics: metrics.New(reg), Transport: tr, BodyIdleTimeout: idle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveProxy(t, p, p, true, false, conns)
+	type result struct {
+		n   int64
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := srv.Client().Get(srv.URL + "/file/converted/0123456789abcdef")
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		n, err := io.Copy(io.Discard, resp.Body)
+		got <- result{n, err}
+	}()
+	front := <-conns // at the connection's accept, before its request is read
+	fronts <- front
+	if r := <-got; r.err != nil || r.n != 128<<10 {
+		t.Fatalf("read %d bytes of Core's answer (%v), want %d", r.n, r.err, 128<<10)
+	}
+	if ms := <-during; ms != 0 {
+		t.Errorf("TCP_USER_TIMEOUT while Core's answer is relayed = %d ms, want 0 (off)", ms)
+	}
+	mustWaitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "sanitized_download", "method": "GET", "code": "200"}, 1)
+	if ms := userTimeout(t, front); ms != int((2 * idle).Milliseconds()) {
+		t.Errorf("TCP_USER_TIMEOUT after the exchange = %d ms, want %d (back on)", ms, (2 * idle).Milliseconds())
+	}
 }

@@ -46,6 +46,9 @@ type exchange struct {
 	ctx    context.Context // the client's request context
 	sub    *submission     // a POST /file the bridge gave a callback URL; nil otherwise
 	batch  *readBatch      // the reads of a large request body; nil: read as they come
+	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
+	// while Core's answer is relayed, put back by finish; nil: none was taken off.
+	unbound *clientConn
 
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
@@ -177,12 +180,15 @@ func (ex *exchange) coreClosed() {
 // reads of it), none after, and with the write deadline of the answer's last write
 // (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
 // a client that stopped reading must not hold that write for ever (net/http clears
-// the deadline once they are out). Core's answers relayed have that deadline on every
-// connection; the kernel's bound (Proxy.ConnContext) is twice as long, a backstop.
+// the deadline once they are out). The kernel's bound of the connection, if it had one
+// (unbindWrites), is put back.
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.finished = true
+	if ex.unbound != nil && setUserTimeout(ex.unbound.rc, ex.unbound.bound) != nil {
+		ex.unbound.writeBound = false // the proxy's own answers set write deadlines
+	}
 	if ex.core != nil {
 		ex.core.unwatch(ex)
 	}
@@ -198,6 +204,21 @@ func (ex *exchange) finish() {
 			// deadline that cut it, past already: net/http gives up the rest at once.
 			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 		}
+	}
+}
+
+// unbindWrites takes the kernel's bound (TCP_USER_TIMEOUT, Proxy.ConnContext) off the
+// client connection cc for the time of the exchange; finish puts it back. Core's
+// answer is relayed as it comes, each write with a deadline of the body idle timeout,
+// and a client that stops reading it is counted when that deadline cuts it
+// (mdproxy_body_timeouts_total{peer="client"}). The kernel's clock starts when the
+// client's window closes, not at the proxy's last write, and its cut reaches the
+// handler as the client leaving (499): left on, it would cut first, and miscount. It
+// costs two setsockopt(2) calls a forwarded request. Called by the handler's
+// goroutine, before the exchange starts.
+func (ex *exchange) unbindWrites(cc *clientConn) {
+	if setUserTimeout(cc.rc, 0) == nil {
+		ex.unbound = cc
 	}
 }
 

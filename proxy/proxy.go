@@ -75,10 +75,11 @@ type Options struct {
 	// request body or reading its answer; the exchange is then cut and counted
 	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
 	// stored result, a refusal) are bounded too, not counted: on a connection set up
-	// by ConnContext on Linux, by the kernel once the client has taken none of its
-	// data for twice the timeout (TCP_USER_TIMEOUT); otherwise by a write deadline of
-	// the timeout from each write. Core's side is bounded by the Transport
-	// (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it off.
+	// by ConnContext on Linux 5.11 or later, by the kernel once the client has taken
+	// none of the connection's data for twice the timeout (TCP_USER_TIMEOUT, off while
+	// Core's answer is relayed); otherwise by a write deadline of the timeout from each
+	// write. Core's side is bounded by the Transport (TransportOptions.BodyIdleTimeout).
+	// Zero means 60 s; negative turns it off.
 	BodyIdleTimeout time.Duration
 	// UploadReadBatch is the most bytes of a request body the proxy lets queue on the
 	// client's connection before it is woken to read them, in bytes (Linux's receive
@@ -376,7 +377,9 @@ func (p *Proxy) routeOf(method, cp string) *route {
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, start: time.Now()}
-	rec.ownBound = clientConnOf(r).writeBound
+	if cc := clientConnOf(r); cc != nil {
+		rec.ownBound = cc.writeBound
+	}
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	rec.discard = rt.boundDiscard(w, r)
@@ -410,7 +413,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	cc := clientConnOf(r)
-	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start, ownBound: cc.writeBound}
+	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start}
+	if cc != nil {
+		rec.ownBound = cc.writeBound
+	}
 	rec.discard = rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
 	defer func() {
 		if v := recover(); v != nil {
@@ -455,6 +461,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	ex := newExchange(w, r, rt.bodyIdle)
 	defer ex.finish()
+	if cc != nil && cc.writeBound && ex.idle > 0 {
+		ex.unbindWrites(cc)
+	}
 	rec.ex = ex
 	ex.sub = sub
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
@@ -472,7 +481,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.WithContext(ctx)
 	if hasBody {
 		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
-		if rt.readBatch > 0 && cc.rc != nil {
+		if rt.readBatch > 0 && cc != nil && cc.plain {
 			ex.batch = newReadBatch(cc.rc, r.ContentLength, rt.readBatch) // nil for a small body
 		}
 	}

@@ -17,8 +17,12 @@ func setRcvLowat(syscall.RawConn, int) error {
 	return errors.ErrUnsupported
 }
 
-// setUserTimeout refuses: without TCP_USER_TIMEOUT, each of the proxy's own answers
-// sets a write deadline (see Proxy.ConnContext).
+// userTimeoutBoundsZeroWindow: TCP_USER_TIMEOUT is Linux's; elsewhere each of the
+// proxy's own answers sets a write deadline (see Proxy.ConnContext).
+func userTimeoutBoundsZeroWindow() bool { return false }
+
+// setUserTimeout is never called where userTimeoutBoundsZeroWindow is false; it
+// refuses.
 func setUserTimeout(syscall.RawConn, time.Duration) error {
 	return errors.ErrUnsupported
 }

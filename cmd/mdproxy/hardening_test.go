@@ -778,9 +778,9 @@ func TestStalledReaderOfCallbackAnswersCut(t *testing.T) {
 // the answers, then reads once p has counted no more of them (counter, summed over
 // its series) for 4 s, four times the body idle timeout the test gave p (the kernel's
 // bound of the proxy's own answers is twice it, counted from when the client's kernel
-// stops taking data, which can come later): a proxy that closed the connection ends it
-// at once, having answered only some of the requests; one still blocked in a write
-// resumes, and the connection stays open.
+// stops taking data, not from the proxy's last answer): a proxy that closed the
+// connection ends it at once, having answered only some of the requests; one still
+// blocked in a write resumes, and the connection stays open.
 func stallReader(t *testing.T, p *proc, addr, request, counter string) {
 	t.Helper()
 	// More answers than the socket buffers hold (the proxy's send buffer grows to 4 MiB
