@@ -16,12 +16,13 @@ import (
 //     which the kernel closes a connection whose data stays unacknowledged, or unsent
 //     behind a zero window (Linux applies the option to a zero window since 5.11), and
 //     a blocked write fails. This bounds the proxy's own answers (a limit answer, a
-//     stored result, a refusal) at no cost per request; without it (older kernels,
-//     other systems, a socket that refuses the option, a server without this
-//     ConnContext) each of those answers sets a write deadline, a runtime timer set and
-//     cleared, which cost about 3.6% of the limit answers a core serves (README,
-//     Performance). While the proxy relays Core's answer, the option is off and that
-//     answer's writes have deadlines instead, so that a client that stops reading it is
+//     stored result, a refusal, Core's answer to a bridged poll, read whole first) at
+//     no cost to them; without it (older kernels, other systems, a socket that refuses
+//     the option, a server without this ConnContext) each of those answers sets a
+//     write deadline, a runtime timer set and cleared, which cost about 3.6% of the
+//     limit answers a core serves (README, Performance). During a forwarded exchange,
+//     from its token to the handler's end, the option is off and the exchange's writes
+//     have deadlines instead, so that a client that stops reading Core's answer is
 //     counted (mdproxy_body_timeouts_total), not taken for one that left (see
 //     exchange.unbindWrites);
 //   - keeps the connection's socket for batching the reads of a large upload

@@ -76,8 +76,8 @@ type Options struct {
 	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
 	// stored result, a refusal) are bounded too, not counted: on a connection set up
 	// by ConnContext on Linux 5.11 or later, by the kernel once the client has taken
-	// none of the connection's data for twice the timeout (TCP_USER_TIMEOUT, off while
-	// Core's answer is relayed); otherwise by a write deadline of the timeout from each
+	// none of the connection's data for twice the timeout (TCP_USER_TIMEOUT, off during
+	// a forwarded exchange); otherwise by a write deadline of the timeout from each
 	// write. Core's side is bounded by the Transport (TransportOptions.BodyIdleTimeout).
 	// Zero means 60 s; negative turns it off.
 	BodyIdleTimeout time.Duration

@@ -52,11 +52,13 @@ type Config struct {
 	// in either direction: a client that stops sending its upload or stops reading its
 	// answer, or Core that stops reading an upload or stops sending an answer. The
 	// exchange is then cut and counted. It also bounds the proxy's own answers (a
-	// limit answer, a stored result, a refusal): on Linux 5.11 or later the kernel
-	// closes a connection whose client has taken none of its data for twice it
-	// (TCP_USER_TIMEOUT, proxy.Proxy.ConnContext), elsewhere each write has a deadline
-	// of it; and on the bridge's listener the reading of each of Core's callbacks,
-	// whole, and the writing of its answer (within twice it). Default 60s.
+	// limit answer, a stored result, a refusal, Core's answer to a bridged poll, read
+	// whole first): on Linux 5.11 or later the kernel closes a connection whose client
+	// has taken none of its data for twice it (TCP_USER_TIMEOUT,
+	// proxy.Proxy.ConnContext), elsewhere each write has a deadline of it; the admin
+	// listener's writes (its write timeout); and on the bridge's listener the reading
+	// of each of Core's callbacks, whole, and the writing of its answer (within twice
+	// it). Default 60s.
 	BodyIdleTimeout time.Duration `env:"BODY_IDLE_TIMEOUT" envDefault:"60s"`
 	// UploadReadBatch is the most bytes of a large request body let queue on the
 	// client's connection before the proxy reads them, in bytes (Linux's SO_RCVLOWAT,
