@@ -63,7 +63,7 @@ type clientConn struct {
 	// twice the body idle timeout.
 	bound time.Duration
 	// writeBound: the kernel closes the connection once the client has taken none of
-	// its data for bound (TCP_USER_TIMEOUT), but while Core's answer is relayed.
+	// its data for bound (TCP_USER_TIMEOUT), except during a forwarded exchange.
 	writeBound bool
 }
 

@@ -47,7 +47,7 @@ type exchange struct {
 	sub    *submission     // a POST /file the bridge gave a callback URL; nil otherwise
 	batch  *readBatch      // the reads of a large request body; nil: read as they come
 	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
-	// while Core's answer is relayed, put back by finish; nil: none was taken off.
+	// for the exchange, put back by finish; nil: none was taken off.
 	unbound *clientConn
 
 	mu       sync.Mutex
