@@ -60,18 +60,7 @@ func userTimeout(t *testing.T, c net.Conn) int {
 
 // userTimeoutOf returns the TCP_USER_TIMEOUT of c's socket, in milliseconds.
 func userTimeoutOf(c net.Conn) (int, error) {
-	raw, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var got int
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		got, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
-	}); err != nil {
-		return 0, err
-	}
-	return got, serr
+	return sockopt(c.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 }
 
 // TestConnContextBoundsWrites: ConnContext sets TCP_USER_TIMEOUT to twice the body
@@ -213,17 +202,8 @@ func TestReleaseAtLeast(t *testing.T) {
 // TestSetUserTimeoutRange: TCP_USER_TIMEOUT is a 32-bit count of milliseconds: a
 // longer bound is set to its largest, not wrapped around to a short one; 0 turns it off.
 func TestSetUserTimeoutRange(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	rc, err := c.(*net.TCPConn).SyscallConn()
+	c, _ := loopbackPair(t)
+	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,9 @@ func newBatchProxy(t *testing.T, batch int, idle time.Duration) *batchProxy {
 }
 
 // rcvLowat returns the receive low-water mark of c's socket, in bytes.
-func rcvLowat(c *net.TCPConn) (int, error) { return sockopt(c, syscall.SO_RCVLOWAT) }
+func rcvLowat(c *net.TCPConn) (int, error) {
+	return sockopt(c, syscall.SOL_SOCKET, syscall.SO_RCVLOWAT)
+}
 
 // upload posts body (length bytes) to the proxy with client and returns the status and
 // the answer.
@@ -247,22 +249,7 @@ func TestNewRefusesSmallReadBatch(t *testing.T) {
 // whoever reads next.
 func TestReadBatchMarkBounded(t *testing.T) {
 	noLeak(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	sc := c.(*net.TCPConn)
+	_, sc := loopbackPair(t)
 	rc, err := sc.SyscallConn()
 	if err != nil {
 		t.Fatal(err)

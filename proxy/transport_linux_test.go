@@ -29,7 +29,7 @@ func TestCoreSendBuffer(t *testing.T) {
 	if cc == nil {
 		t.Fatalf("connection to Core = %T, want a *coreConn", conn)
 	}
-	got, err := sockopt(cc.Conn.(*net.TCPConn), syscall.SO_SNDBUF)
+	got, err := sockopt(cc.Conn.(*net.TCPConn), syscall.SOL_SOCKET, syscall.SO_SNDBUF)
 	if err != nil {
 		t.Fatalf("getsockopt SO_SNDBUF: %v", err)
 	}
