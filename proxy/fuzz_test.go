@@ -17,10 +17,10 @@ var fuzzMethods = []string{
 
 // FuzzCanonicalPath feeds request targets, read as net/http's server reads them, to
 // canonicalPath and to the proxy's handler. It checks that ok is false exactly for an
-// encoded slash or backslash in the raw path, or a backslash or NUL in the decoded
-// one; that a canonical path is absolute, clean, lower case and its own canonical path;
-// that respellings Core resolves alike (case, extra slashes, "." and ".." segments)
-// share the canonical path; and that the route the handler counts a target under is
+// encoded slash or backslash in the raw path, or a backslash, NUL, "." or ".." segment
+// in the decoded one; that a canonical path is absolute, clean, lower case and its own
+// canonical path; that respellings Core resolves alike (case, extra slashes, a trailing
+// slash) share the canonical path; and that the route the handler counts a target under is
 // the route of its canonical path, while a refused target is answered 400 under
 // "other" without reaching Core.
 func FuzzCanonicalPath(f *testing.F) {
@@ -53,7 +53,8 @@ func FuzzCanonicalPath(f *testing.F) {
 		raw := rawPath(target, r.URL)
 		wantOK := !strings.Contains(strings.ToLower(raw), "%2f") &&
 			!strings.Contains(strings.ToLower(raw), "%5c") &&
-			!strings.ContainsAny(r.URL.Path, "\\\x00")
+			!strings.ContainsAny(r.URL.Path, "\\\x00") &&
+			!hasDotSegment(r.URL.Path)
 		if ok != wantOK {
 			t.Fatalf("canonicalPath(%q) = %q, %v, want ok %v (raw path %q, decoded %q)", target, got, ok, wantOK, raw, r.URL.Path)
 		}
@@ -99,7 +100,7 @@ func FuzzCanonicalPath(f *testing.F) {
 		if hasQuery {
 			q = "?" + q
 		}
-		for _, v := range []string{"/" + p + q, p + "/" + q, p + "/." + q, "/%2E" + p + q, "/x/.." + p + q, upperASCII(p) + q} {
+		for _, v := range []string{"/" + p + q, p + "/" + q, "/" + p + "/" + q, upperASCII(p) + q} {
 			vr := readTarget(method, v)
 			if vr == nil {
 				continue
@@ -116,6 +117,16 @@ func FuzzCanonicalPath(f *testing.F) {
 			}
 		}
 	})
+}
+
+// hasDotSegment reports whether the decoded path p has a "." or ".." segment.
+func hasDotSegment(p string) bool {
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 // checkCanonical fails t unless c, the canonical path of target, starts with "/", has

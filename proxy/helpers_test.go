@@ -435,9 +435,16 @@ func samplePath(pattern string) string {
 // pathVariants are spellings of /file/x that Core resolves to the same data_id: each
 // must land in file_result's bucket.
 var pathVariants = []string{
-	"//file/x", "/file//x", "/file/./x", "/file/x/", "/FILE/X", "/File/x",
-	"/file/%78", "/file/batch/../x", "/file/x/.", "/file/%2e/x", "/./file/x",
-	"/file/x/..//x", "/%66ile/x",
+	"//file/x", "/file//x", "/file/x/", "/FILE/X", "/File/x", "/file/%78", "/%66ile/x",
+	"/file/x;v=1/", "/file/.x",
+}
+
+// dotPaths are paths with a "." or ".." segment, as written or percent-encoded, which
+// the proxy refuses (canonicalPath).
+var dotPaths = []string{
+	"/file/.", "/file/..", "/file/%2e", "/file/%2E%2e", "/hash/.", "/hash/..", "/hash/%2e",
+	"/file/batch/.", "/file/./x", "/file/batch/../x", "/file/x/.", "/file/%2e/x", "/./file/x",
+	"/file/x/..//x", "/x/../file/x", "/file/.%2e/version",
 }
 
 // randomID returns 32 random hex digits, like a Core data_id.

@@ -58,14 +58,20 @@ func RouteNames() []string {
 }
 
 // canonicalPath returns the path a request is routed by, so that no spelling of a path
-// escapes the bucket of the route it reaches at Core: the decoded path with empty, "."
-// and ".." segments resolved, no trailing slash, in lower case (Core on Windows matches
-// paths without regard to case). ok is false for a path whose meaning depends on the
-// server that decodes it, an encoded slash or backslash (%2F, %5C), a backslash or a NUL:
-// the proxy refuses those with 400 rather than guess which route Core would see.
+// escapes the bucket of the route it reaches at Core: the decoded path with empty
+// segments dropped, no trailing slash, in lower case (Core on Windows matches paths
+// without regard to case). ok is false for a path whose meaning depends on the server
+// that decodes it: an encoded slash or backslash (%2F, %5C), a backslash, a NUL, or a
+// "." or ".." segment, as written or percent-encoded (%2E). The proxy refuses those with
+// 400 rather than guess which route Core would see: a server that resolves dot segments
+// (RFC 3986, section 5.2.4) routes "/file/x/.." as "/file", one that does not (the
+// emulator's router) as a poll of the data_id "..". Clients resolve dot segments before
+// they send a request, so none of Core's clients sends one.
 //
 // The canonical path is used for routing only; the path forwarded to Core keeps the
-// client's spelling and encoding.
+// client's spelling and encoding, which differs from the canonical path only in case,
+// empty segments and a trailing slash: each of those can only send a request to a
+// route at least as limited as the one Core gives it.
 func canonicalPath(u *url.URL) (p string, ok bool) {
 	if u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c") {
 		return "", false
@@ -78,8 +84,10 @@ func canonicalPath(u *url.URL) (p string, ok bool) {
 		switch c := p[i]; {
 		case c == '\\' || c == 0:
 			return "", false
-		case (c == '/' || c == '.') && i > 0 && p[i-1] == '/':
-			clean = false // "//", or a segment starting with ".": maybe "." or ".."
+		case c == '/' && i > 0 && p[i-1] == '/':
+			clean = false // "//"
+		case c == '.' && (i == 0 || p[i-1] == '/') && isDotSegment(p[i:]):
+			return "", false
 		case 'A' <= c && c <= 'Z', c >= 0x80:
 			lower = false
 		}
@@ -97,6 +105,13 @@ func canonicalPath(u *url.URL) (p string, ok bool) {
 		p = strings.ToLower(p)
 	}
 	return p, true
+}
+
+// isDotSegment reports whether s, the rest of a path from the start of a segment,
+// starts with a "." or ".." segment.
+func isDotSegment(s string) bool {
+	seg, _, _ := strings.Cut(s, "/")
+	return seg == "." || seg == ".."
 }
 
 // containsFold reports whether s contains any of the lower-case escapes, in either

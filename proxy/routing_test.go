@@ -139,15 +139,16 @@ func TestPathVariantsShareBucket(t *testing.T) {
 }
 
 // TestAmbiguousPathsRefused checks that paths whose route depends on how the server
-// decodes them (encoded slash or backslash, a backslash, a NUL) are refused with 400 and
-// a Core-style JSON body, counted under other, and never reach Core.
+// decodes them (encoded slash or backslash, a backslash, a NUL, a dot segment: a poll of
+// the data_id "." at a server that does not resolve it, "/file" at one that does) are
+// refused with 400 and a Core-style JSON body, counted under other, and never reach Core.
 func TestAmbiguousPathsRefused(t *testing.T) {
 	up := &recordingUpstream{}
 	base, reg := newTestProxy(t, up, nil)
-	paths := []string{
+	paths := append([]string{
 		"/file/x%2Fy", "/file/x%2fy", "/file/x%5Cy", "/file/x%5cy", `/file\x`,
 		"/file/x%00y", "/%2Ffile/x", "/file%2Fx", "/admin%2F..%2Ffile/x",
-	}
+	}, dotPaths...)
 	for _, p := range paths {
 		t.Run(p, func(t *testing.T) {
 			resp, body := rawRequest(t, base, "GET "+p+" HTTP/1.1\r\n")
@@ -178,8 +179,8 @@ func TestPathForwardedAsSpelled(t *testing.T) {
 	up := &recordingUpstream{}
 	base, reg := newTestProxy(t, up, nil)
 	targets := []string{
-		"/file/%78", "//file/x", "/file//x", "/FILE/X", "/file/./x", "/file/x/",
-		"/file/batch/../x", "/file/x?verbose=1&a=%2F", "/hash/ABCDEF%30",
+		"/file/%78", "//file/x", "/file//x", "/FILE/X", "/file/x/",
+		"/file/x?verbose=1&a=%2F", "/hash/ABCDEF%30",
 		"/file/%E2%82%AC", "/file/a%20b",
 	}
 	for _, target := range targets {
@@ -214,8 +215,12 @@ func TestCanonicalPath(t *testing.T) {
 		{"/FILE/X", "/file/x", true},
 		{"/file/%78", "/file/x", true},
 		{"/file/x/", "/file/x", true},
-		{"/file/batch/../x", "/file/x", true},
-		{"/../../file/x", "/file/x", true},
+		{"/file/batch/../x", "", false},
+		{"/../../file/x", "", false},
+		{"/file/%2e", "", false},
+		{"/file/x/.", "", false},
+		{"/file/.x/..x", "/file/.x/..x", true},
+		{"/file/x./x..", "/file/x./x..", true},
 		{"", "/", true},
 		{"/file/x%2Fy", "", false},
 		{"/file/x%2fy", "", false},
@@ -268,19 +273,20 @@ func TestHeadForwardedAsHead(t *testing.T) {
 func TestCanonicalPathOddStarts(t *testing.T) {
 	for in, want := range map[string]string{
 		"":          "/",
-		".":         "/",
-		"..":        "/",
 		".x/A":      "/.x/a",
 		"file/X":    "/file/x",
 		"*":         "/*",
-		"/file/./X": "/file/x",
 		"/File//x/": "/file/x",
-		"/a/b/../c": "/a/c",
 		"/é/X":      "/é/x",
 	} {
 		got, ok := canonicalPath(&url.URL{Path: in})
 		if !ok || got != want {
 			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{".", "..", "./x", "../file/x", "/file/./X", "/a/b/../c"} {
+		if got, ok := canonicalPath(&url.URL{Path: in}); ok || got != "" {
+			t.Errorf("canonicalPath(%q) = %q, %v, want \"\", false (a dot segment)", in, got, ok)
 		}
 	}
 }
