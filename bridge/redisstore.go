@@ -36,8 +36,8 @@ const replyErrorLogEvery = time.Minute
 // RedisStore is a Store in Redis, shared by every mdproxy replica that uses the same
 // Redis and key prefix (issue 12): a result stored through the replica that took Core's
 // callback is served by any, and an id submitted through one is pending for all. Safe
-// for concurrent use; it runs no goroutine and holds nothing to close (the client is the
-// caller's).
+// for concurrent use. It runs no goroutine until Redis fails to take a result (see Put);
+// the Redis client is the caller's.
 //
 // Keys, for a data_id ID and the prefix P (default "mdproxy:"):
 //
@@ -53,32 +53,46 @@ const replyErrorLogEvery = time.Minute
 // Get, Lookup, Put, PutPending and DropPending each make one round trip to Redis (a
 // command, a MULTI/EXEC pipeline or a script; a script unknown to a restarted Redis
 // costs one more), bounded by the store's timeout; Len and Bytes make none.
-// When Redis does not answer in time or refuses, Get and Lookup answer a miss (the poll
-// then goes to Core, as any miss), Put, PutPending and DropPending change nothing, and
-// nothing reaches a client as an error: a Put never promises a later Get. A change
-// between Redis answering and not is logged once (warn, then info), never once per call.
+// When Redis does not answer in time or refuses, PutPending and DropPending change
+// nothing, and nothing reaches a client as an error. A result Put cannot write to Redis
+// is kept in this replica's memory instead (a MemoryStore of the same size and time to
+// live, made at the first such Put): the callback that brought it was answered 200, and
+// Core does not send it again. Get and Lookup answer from that memory when Redis holds
+// no result for the id or does not answer, so that the replica that took the callback
+// serves the result, as it would without Redis; the other replicas do not see it (their
+// polls of the id go to Core once its callback looks overdue). A change between Redis
+// answering and not is logged once (warn, then info), never once per call.
 //
 // Size: MDPROXY_STORE_MAX_BYTES cannot bound Redis, which other replicas and
 // applications fill too. The cap is Redis's own: maxmemory with maxmemory-policy
 // volatile-lru (every key here expires, so every one may be evicted, the least recently
 // read first) or allkeys-lru; not volatile-ttl, which would evict the limiter's
 // short-lived keys first (deploy/ sets volatile-lru). With noeviction, a full Redis
-// refuses Put and PutPending, which then keep nothing. The rule that a result weighing
+// refuses Put, whose result is then kept in this replica's memory, and PutPending,
+// which keeps nothing. The rule that a result weighing
 // more than maxBytes/16 is not kept stays. Len and Bytes count what this replica put in
 // the last ttl (see Len), not what Redis holds: counting the keys of a prefix in Redis
 // takes a SCAN of every key.
 //
 // Redis is trusted as the memory of the process is: whoever can write to it can change
 // the results served.
+//
+// Close stops the goroutines of the memory that holds what Redis did not take, if any.
 type RedisStore struct {
 	rdb        redis.UniversalClient
 	prefix     string
 	ttl        time.Duration
 	pendingTTL time.Duration
 	timeout    time.Duration
+	maxBytes   int64
 	maxEntry   int64 // a result weighing more is not kept
 	log        *slog.Logger
 	now        func() time.Time // for Len and Bytes
+
+	// local holds the results Put could not write to Redis; nil until the first.
+	local     atomic.Pointer[MemoryStore]
+	localOnce sync.Mutex // held while local is made
+	closed    bool       // Close was called: local is closed as soon as it is made
 
 	down         atomic.Bool  // the last call failed without an answer of Redis
 	failures     atomic.Int64 // calls that failed, since the start
@@ -150,6 +164,7 @@ func NewRedisStore(rdb redis.UniversalClient, prefix string, ttl, pendingTTL, ti
 		ttl:        ttl,
 		pendingTTL: pendingTTL,
 		timeout:    cmpOr(timeout, DefaultRedisTimeout),
+		maxBytes:   maxBytes,
 		maxEntry:   maxBytes / 16,
 		log:        log,
 		now:        time.Now,
@@ -197,25 +212,28 @@ func (s *RedisStore) done(err error) bool {
 		return false
 	}
 	if s.down.CompareAndSwap(false, true) {
-		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared, polls that miss go to Core", "err", err.Error(), "timeout", s.timeout.String())
+		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared (results called back meanwhile are kept in this replica's memory), polls that miss go to Core", "err", err.Error(), "timeout", s.timeout.String())
 	}
 	return false
 }
 
-// Get returns the result kept for dataID; a miss when there is none or Redis does not
-// answer within the timeout.
+// Get returns the result kept for dataID: Redis's, or else the one this replica kept in
+// its memory because Redis did not take it (see Put); a miss when neither holds one.
 func (s *RedisStore) Get(dataID string) (Result, bool) {
 	ctx, cancel := s.call()
 	defer cancel()
 	m, err := s.rdb.HGetAll(ctx, s.resultKey(dataID)).Result()
-	if !s.done(err) {
-		return Result{}, false
+	if s.done(err) {
+		if r, ok := decodeResult(m); ok {
+			return r, true
+		}
 	}
-	return decodeResult(m)
+	return s.localGet(dataID)
 }
 
 // Lookup returns the result and the pending id kept for dataID, read in one
-// transaction; nothing when Redis does not answer within the timeout.
+// transaction; when Redis holds no result for it or does not answer within the timeout,
+// the result this replica kept in its memory, if any (see Put).
 func (s *RedisStore) Lookup(dataID string) Entry {
 	ctx, cancel := s.call()
 	defer cancel()
@@ -225,18 +243,32 @@ func (s *RedisStore) Lookup(dataID string) Entry {
 		pend = p.HGetAll(ctx, s.pendingKey(dataID))
 		return nil
 	})
-	if !s.done(err) {
-		return Entry{}
-	}
 	var e Entry
-	e.Result, e.Stored = decodeResult(res.Val())
-	e.Pending, e.IsPending = decodePending(pend.Val())
+	if s.done(err) {
+		e.Result, e.Stored = decodeResult(res.Val())
+		e.Pending, e.IsPending = decodePending(pend.Val())
+	}
+	if !e.Stored {
+		e.Result, e.Stored = s.localGet(dataID)
+	}
 	return e
 }
 
+// localGet returns the result kept in this replica's memory for dataID, if any: one
+// atomic load when Redis took every result.
+func (s *RedisStore) localGet(dataID string) (Result, bool) {
+	if l := s.local.Load(); l != nil {
+		return l.Get(dataID)
+	}
+	return Result{}, false
+}
+
 // Put keeps r for dataID for the store's time to live, unless it weighs more than a
-// sixteenth of maxBytes, and deletes dataID's pending id, in one transaction. Nothing
-// changes when Redis does not answer within the timeout.
+// sixteenth of maxBytes, and deletes dataID's pending id, in one transaction. When Redis
+// does not answer within the timeout or refuses (a full Redis with noeviction), r is
+// kept in this replica's memory instead, for the same time to live and within
+// maxBytes, and the pending id stays in Redis (its other replicas then ask Core about
+// it once its callback looks overdue).
 func (s *RedisStore) Put(dataID string, r Result) {
 	w := int64(weightOf(dataID, r))
 	keep := w <= s.maxEntry
@@ -251,8 +283,51 @@ func (s *RedisStore) Put(dataID string, r Result) {
 		}
 		return nil
 	})
-	if s.done(err) && keep {
-		s.count(w)
+	if !keep {
+		return
+	}
+	if !s.done(err) {
+		l, lerr := s.localStore()
+		if lerr != nil {
+			s.log.Error("bridge: a result Redis did not take is lost", "err", lerr.Error())
+			return
+		}
+		l.Put(dataID, r)
+	}
+	s.count(w)
+}
+
+// localStore returns the memory that keeps the results Redis did not take, made at the
+// first call.
+func (s *RedisStore) localStore() (*MemoryStore, error) {
+	if l := s.local.Load(); l != nil {
+		return l, nil
+	}
+	s.localOnce.Lock()
+	defer s.localOnce.Unlock()
+	if l := s.local.Load(); l != nil {
+		return l, nil
+	}
+	l, err := NewMemoryStore(s.maxBytes, s.ttl)
+	if err != nil {
+		return nil, err
+	}
+	if s.closed {
+		l.Close()
+	}
+	s.local.Store(l)
+	return l, nil
+}
+
+// Close stops the goroutines of the memory that keeps the results Redis did not take
+// (see Put), if it was made; the store still answers afterwards. It does not close the
+// Redis client, which is the caller's. Close may be called more than once.
+func (s *RedisStore) Close() {
+	s.localOnce.Lock()
+	defer s.localOnce.Unlock()
+	s.closed = true
+	if l := s.local.Load(); l != nil {
+		l.Close()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -389,11 +390,14 @@ func TestRedisOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(s.Close)
 		br, err := New(Options{CallbackURL: "http://127.0.0.1:9010", Store: s, Now: clock.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return replica{Bridge: br, store: s}
+		cb := httptest.NewServer(br.Handler())
+		t.Cleanup(cb.Close)
+		return replica{Bridge: br, store: s, srv: cb}
 	}
 	a, b := mk(), mk()
 	a.store.Put("old", Result{Body: finalResult("old"), Owner: alice})
@@ -422,8 +426,30 @@ func TestRedisOutage(t *testing.T) {
 	if a.store.failures.Load() == 0 || !a.store.down.Load() {
 		t.Errorf("failures %d, down %v, want failures counted and the store down", a.store.failures.Load(), a.store.down.Load())
 	}
-	if a.store.Len() != 1 {
-		t.Errorf("Len = %d, want 1 (the Put before the outage; those during it are not counted)", a.store.Len())
+	// A result Redis did not take is kept in A's memory: A serves it, B cannot.
+	if r, ok := a.store.Get("new"); !ok || !bytes.Equal(r.Body, finalResult("new")) {
+		t.Errorf("A's Get(new) with Redis out = %q, %v, want the result A put during the outage", r.Body, ok)
+	}
+	if e := a.store.Lookup("new"); !e.Stored || e.Result.Owner != alice {
+		t.Errorf("A's Lookup(new) with Redis out = %+v, want its result", e)
+	}
+	if _, ok := b.store.Get("new"); ok {
+		t.Errorf("B's Get(new) found a result only A holds")
+	}
+	// A callback during the outage is stored (200) and its poll answered from A's memory,
+	// never sent to Core (where the limit could answer 503).
+	_, secret, err := a.Callback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Submitted("cb", secret, alice)
+	if code := post(t, a.srv, secret, finalResult("cb")); code != http.StatusOK {
+		t.Fatalf("callback with Redis out: status %d, want 200", code)
+	}
+	wantPoll(t, a.Bridge, "cb", alice, Stored, finalResult("cb"))
+	wantPoll(t, a.Bridge, "cb", bob, Miss, nil)
+	if a.store.Len() != 5 {
+		t.Errorf("Len = %d, want 5 (the Put before the outage, and the four kept in memory during it: three of new, one of cb)", a.store.Len())
 	}
 
 	srv.Restart()
@@ -451,6 +477,13 @@ func TestRedisOutage(t *testing.T) {
 	wantPoll(t, b.Bridge, "z", alice, Pending, InProgress("z"))
 	wantPoll(t, b.Bridge, "x", alice, Miss, nil)
 	wantPoll(t, a.Bridge, "x", alice, Pending, InProgress("x"))
+	// What A kept in memory it still serves; Redis's own result wins once it has one.
+	wantPoll(t, a.Bridge, "cb", alice, Stored, finalResult("cb"))
+	wantPoll(t, b.Bridge, "cb", alice, Miss, nil)
+	a.store.Put("new", Result{Body: infectedResult("new"), Owner: alice})
+	if r, ok := a.store.Get("new"); !ok || !bytes.Equal(r.Body, infectedResult("new")) {
+		t.Errorf("A's Get(new) after Redis took a result = %q, %v, want Redis's", r.Body, ok)
+	}
 }
 
 // submit registers a new submission of dataID by alice through r.
@@ -502,11 +535,13 @@ func TestRedisTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
 	max := timeout + slack
-	for range 2 {
+	for i := range 2 {
 		timed(t, "Get", max, func() {
-			if _, ok := s.Get("a"); ok {
-				t.Errorf("Get(a) from a silent Redis found something")
+			// Nothing the first time; then the result the first Put kept in memory.
+			if _, ok := s.Get("a"); ok != (i > 0) {
+				t.Errorf("Get(a) from a silent Redis: found %v, want %v", ok, i > 0)
 			}
 		})
 		timed(t, "Lookup", max, func() { s.Lookup("a") })

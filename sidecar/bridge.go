@@ -55,7 +55,7 @@ func (c *Config) validateBridge(environ map[string]string) error {
 // and the result store, both to close when Run returns.
 type bridgeRunning struct {
 	b          *bridge.Bridge
-	closeStore func() // a MemoryStore's Close; nothing for Redis, whose client is Run's
+	closeStore func() // the store's Close (a RedisStore's leaves the client, which is Run's)
 	srv        *http.Server
 	ln         net.Listener
 	cbBase     string
@@ -112,7 +112,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 			ln.Close()
 			return nil, fmt.Errorf("the bridge's result store on Redis: %w", err)
 		}
-		store = rs
+		store, closeStore = rs, rs.Close
 	}
 	b, err := bridge.New(bridge.Options{
 		CallbackURL: base,

@@ -332,3 +332,33 @@ func TestReplicasShareResults(t *testing.T) {
 		t.Errorf("another apikey's poll through B was served from the store (%v -> %v)", stored, got)
 	}
 }
+
+// TestRedisDownCallbackKept: with the shared store's Redis stopped, a bridged
+// submission's callback is still stored (in the replica's memory) and its polls are
+// answered from it, never sent to Core under the limit (whose 503 the submitter must
+// never see); the callback is counted stored only because it was.
+func TestRedisDownCallbackKept(t *testing.T) {
+	srv := redistest.Start(t)
+	core := startCore(t, fastCore())
+	a := startBinary(t, core.url, map[string]string{
+		"MDPROXY_REDIS_URL":         srv.URL(),
+		"MDPROXY_FILE_RESULT_RATE":  "0.1",
+		"MDPROXY_FILE_RESULT_BURST": "1",
+	})
+	srv.Stop()
+	c := sidecartest.NewClient(t)
+	id := submit(t, c, a.proxyURL, "hello, world", nil)
+	waitMetricAtLeast(t, a, series("mdproxy_bridge_callbacks_total", "outcome", "stored"), 1)
+	for i := range 5 {
+		got := getResult(t, c, a.proxyURL, id, "")
+		if got.status != http.StatusOK || got.verdict != 0 || !strings.Contains(got.body, `"progress_percentage":100`) {
+			t.Fatalf("poll %d with Redis down: status %d, body %s, want 200 with the final result", i, got.status, sidecartest.Short(got.body))
+		}
+	}
+	if n := core.polls.Load(); n != 0 {
+		t.Errorf("polls that reached Core = %d, want 0 (answered from the replica's memory)", n)
+	}
+	if v := a.metric(t, series("mdproxy_requests_total", "code", "503", "method", "GET", "route", "file_result")); v != 0 {
+		t.Errorf("503 answers to polls of the submitted file = %v, want 0", v)
+	}
+}
