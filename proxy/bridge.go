@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"path"
+	"net/textproto"
 	"regexp"
 	"strconv"
 	"strings"
@@ -45,15 +46,19 @@ const maxSharedPoll = 64 << 20
 
 // submission is a POST /file the bridge registered a callback for.
 type submission struct {
-	secret string
-	owner  bridge.Owner
+	callbackURL string // the bridge's, set on the request forwarded to Core
+	secret      string
+	owner       bridge.Owner
 }
 
-// bridgeSubmission gives r, a POST /file without a callbackurl of its own, the callback
-// URL of the bridge's listener, and returns what to record once Core accepts it. A
-// submission that brings its own callbackurl is the client's business: nil.
+// bridgeSubmission returns, for r, a POST /file without a callbackurl of its own, the
+// callback URL of the bridge's listener that the request forwarded to Core carries (set
+// by the route's Rewrite) and what to record once Core accepts it. A submission that
+// brings its own callbackurl is the client's business: nil. A callbackurl the client
+// names in Connection is a hop-by-hop field that Core never receives (RFC 9110, section
+// 7.6.1): the submission is bridged as one without it.
 func (rt *route) bridgeSubmission(r *http.Request) *submission {
-	if r.Header.Get("callbackurl") != "" {
+	if r.Header.Get("callbackurl") != "" && !namedInConnection(r.Header, "callbackurl") {
 		return nil
 	}
 	cb, secret, err := rt.bridge.Callback()
@@ -61,9 +66,39 @@ func (rt *route) bridgeSubmission(r *http.Request) *submission {
 		rt.log.Warn("bridge: no callback URL; the submission is forwarded without one", "err", err.Error())
 		return nil
 	}
-	r.Header.Set("callbackurl", cb)
-	return &submission{secret: secret, owner: rt.ownerOf(r)}
+	return &submission{callbackURL: cb, secret: secret, owner: rt.ownerOf(r)}
 }
+
+// namedInConnection reports whether h's Connection field lists the field name (any
+// case), as httputil.ReverseProxy reads it to remove hop-by-hop fields.
+func namedInConnection(h http.Header, name string) bool {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(f), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// askWholeAnswer makes h, the header of a request forwarded to Core whose answer the
+// proxy reads (a bridged submission or poll, the webhook status it redacts) or shares
+// between clients (a bridged poll), ask for Core's whole answer as it is: unencoded
+// (Accept-Encoding: identity, RFC 9110, section 12.5.3) and with no Range (section
+// 14.2) or precondition (section 13.1), each of which a server may ignore. Otherwise a
+// gzip or a partial answer hides a callback secret from the redaction or a data_id
+// from the bridge, and a 206, a 304 or a gzip answer to one client's poll reaches
+// another, whose request asked none of it.
+func askWholeAnswer(h http.Header) {
+	for _, k := range [...]string{"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"} {
+		delete(h, k)
+	}
+	h["Accept-Encoding"] = identity
+}
+
+// identity is the Accept-Encoding value of askWholeAnswer.
+var identity = []string{"identity"}
 
 // recordSubmission is the submit route's ModifyResponse: when Core accepted a bridged
 // submission, the data_id it answered is recorded as pending. Core's answer reaches the
@@ -95,6 +130,11 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 // replaced by "redacted" (as written, or with JSON's escaped slashes); the rest of the
 // answer reaches the client unchanged, its Content-Length adjusted.
 func (rt *route) redactSecrets(resp *http.Response) error {
+	if ce := resp.Header.Get("Content-Encoding"); (ce != "" && !strings.EqualFold(ce, "identity")) || resp.StatusCode == http.StatusPartialContent {
+		// askWholeAnswer asked for none of these: what cannot be read whole is not
+		// relayed, rather than a secret.
+		return fmt.Errorf("Core's webhook status came encoded (%q) or partial (%d): it cannot be redacted", ce, resp.StatusCode)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
 	if err != nil {
 		return fmt.Errorf("reading Core's webhook status: %w", err)
@@ -183,6 +223,9 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		for k, v := range f.header {
 			h[k] = v
 		}
+		// Core's trailers were read into the buffer's header, or lost: none follows
+		// an answer sent whole with its length.
+		delete(h, "Trailer")
 		writeAnswer(rec, r, f.status, nil, f.body)
 	}
 }
@@ -316,6 +359,7 @@ func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string
 	if ct != nil {
 		h["Content-Type"] = ct
 	}
+	noSniff(h)
 	if len(body) > 0 || r.Method != http.MethodHead { // Core's answer to HEAD keeps its length
 		h["Content-Length"] = []string{strconv.Itoa(len(body))}
 	}

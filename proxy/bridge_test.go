@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,6 +225,239 @@ func TestOwnAnswersDated(t *testing.T) {
 			if i == 2 {
 				time.Sleep(time.Until(after.Truncate(time.Second).Add(time.Second)))
 			}
+		}
+	}
+}
+
+// wholeAnswerUpstream is a Core that honours what askWholeAnswer takes away: it answers
+// polls with http.ServeContent (Range, If-None-Match, If-Modified-Since) and gzips any
+// answer when Accept-Encoding allows gzip. It records, per request, the header fields
+// that decide those, and answers the webhook status with the last callbackurl a
+// submission brought (holding the bridge's secret).
+type wholeAnswerUpstream struct {
+	mu       sync.Mutex
+	seen     []http.Header
+	callback string
+	release  chan struct{} // closed to let polls answer; nil: at once
+}
+
+func (u *wholeAnswerUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen = append(u.seen, r.Header.Clone())
+	if cb := r.Header.Get("callbackurl"); cb != "" {
+		u.callback = cb
+	}
+	cb := u.callback
+	u.mu.Unlock()
+	var body []byte
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/file":
+		_, _ = io.Copy(io.Discard, r.Body)
+		body = []byte(`{"data_id":"abc"}`)
+	case strings.HasPrefix(r.URL.Path, "/file/webhook/"):
+		body = []byte(`{"url":"` + cb + `","status":"pending"}`)
+	default:
+		if u.release != nil {
+			<-u.release
+		}
+		body = []byte(`{"data_id":"abc","scan_results":{"scan_all_result_i":0,"progress_percentage":40},"process_info":{"progress_percentage":40}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("ETag", `"v1"`)
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		var zb bytes.Buffer
+		zw := gzip.NewWriter(&zb)
+		_, _ = zw.Write(body)
+		_ = zw.Close()
+		body = zb.Bytes()
+		w.Header().Set("Content-Encoding", "gzip")
+	}
+	http.ServeContent(w, r, "", time.Unix(1e9, 0), bytes.NewReader(body))
+}
+
+// TestBridgeAsksWholeAnswer: with the bridge on, a poll, a submission and the webhook
+// status reach Core without Range, preconditions or an encoding the proxy cannot read
+// (Accept-Encoding: identity), whatever the client sent; so that the webhook status is
+// redacted, and a poll's answer shared with others is one any of them may take.
+func TestBridgeAsksWholeAnswer(t *testing.T) {
+	up := &wholeAnswerUpstream{}
+	b := newTestBridge(t)
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = b })
+	c := newClient(t)
+	asking := http.Header{
+		"Range":             {"bytes=0-9"},
+		"If-None-Match":     {`"v1"`},
+		"If-Modified-Since": {time.Unix(2e9, 0).UTC().Format(http.TimeFormat)},
+		"Accept-Encoding":   {"gzip"},
+	}
+	do := func(method, path string, body string, h http.Header) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, front+path, strings.NewReader(body))
+		for k, v := range h {
+			req.Header[k] = v
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp, string(got)
+	}
+
+	// A submission whose client names callbackurl in Connection still carries the
+	// bridge's callback URL to Core.
+	sub := asking.Clone()
+	sub["Connection"] = []string{"callbackurl"}
+	if resp, got := do(http.MethodPost, "/file", "hello", sub); resp.StatusCode != http.StatusOK || got != `{"data_id":"abc"}` {
+		t.Fatalf("POST /file = %d %q (Content-Encoding %q), want 200 with Core's plain answer", resp.StatusCode, got, resp.Header.Get("Content-Encoding"))
+	}
+	// The webhook status: whole, plain, and redacted.
+	resp, got := do(http.MethodGet, "/file/webhook/abc", "", asking)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || !strings.Contains(got, b.CallbackPrefix()+"redacted") {
+		t.Errorf("GET /file/webhook/abc = %d %q (Content-Encoding %q), want 200 with the secret redacted", resp.StatusCode, got, resp.Header.Get("Content-Encoding"))
+	}
+	// A poll the bridge does not know (another owner's id): asked of Core, whole.
+	resp, got = do(http.MethodGet, "/file/zzz", "", asking)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || !strings.HasPrefix(got, `{"data_id":"abc"`) {
+		t.Errorf("GET /file/zzz = %d %q (Content-Encoding %q), want 200 with Core's whole plain answer", resp.StatusCode, got, resp.Header.Get("Content-Encoding"))
+	}
+
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.seen) != 3 {
+		t.Fatalf("Core got %d requests, want 3", len(up.seen))
+	}
+	if cb := up.seen[0].Get("callbackurl"); !strings.HasPrefix(cb, b.CallbackPrefix()) {
+		t.Errorf("submission reached Core with callbackurl %q, want the bridge's (%s...)", cb, b.CallbackPrefix())
+	}
+	for i, h := range up.seen {
+		if ae := h.Values("Accept-Encoding"); len(ae) != 1 || ae[0] != "identity" {
+			t.Errorf("request %d reached Core with Accept-Encoding %q, want identity", i, ae)
+		}
+		for _, k := range []string{"Range", "If-None-Match", "If-Modified-Since"} {
+			if v := h.Get(k); v != "" {
+				t.Errorf("request %d reached Core with %s %q, want none", i, k, v)
+			}
+		}
+	}
+}
+
+// TestBridgeSharedPollPerClient: a poll that asked for a range, a gzip answer or a
+// validation shares Core's answer with a plain poll of the same id and owner, and each
+// gets the whole plain answer: never a 206, a 304 or a gzip body it did not ask for.
+func TestBridgeSharedPollPerClient(t *testing.T) {
+	for _, first := range []http.Header{
+		{"Range": {"bytes=0-9"}},
+		{"If-None-Match": {`"v1"`}},
+		{"Accept-Encoding": {"gzip"}},
+	} {
+		t.Run(strings.Join(slices.Collect(maps.Keys(first)), ""), func(t *testing.T) {
+			up := &wholeAnswerUpstream{release: make(chan struct{})}
+			front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+			c := newClient(t)
+			type answer struct {
+				status int
+				ce     string
+				body   string
+				err    error
+			}
+			poll := func(h http.Header) chan answer {
+				ch := make(chan answer, 1)
+				go func() {
+					req, _ := http.NewRequest(http.MethodGet, front+"/file/zzz", nil)
+					for k, v := range h {
+						req.Header[k] = v
+					}
+					resp, err := c.Do(req)
+					if err != nil {
+						ch <- answer{err: err}
+						return
+					}
+					defer resp.Body.Close()
+					b, err := io.ReadAll(resp.Body)
+					ch <- answer{resp.StatusCode, resp.Header.Get("Content-Encoding"), string(b), err}
+				}()
+				return ch
+			}
+			a := poll(first)
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				up.mu.Lock()
+				n := len(up.seen)
+				up.mu.Unlock()
+				if n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the first poll did not reach Core within 10 s")
+				}
+			}
+			plain := poll(nil)
+			time.Sleep(50 * time.Millisecond) // the plain poll joins the first one's question
+			close(up.release)
+			for name, ch := range map[string]chan answer{"first": a, "plain": plain} {
+				got := <-ch
+				if got.err != nil || got.status != http.StatusOK || got.ce != "" || !strings.HasPrefix(got.body, `{"data_id":"abc"`) {
+					t.Errorf("%s poll = %d (Content-Encoding %q) %q, %v; want 200 with Core's whole plain answer", name, got.status, got.ce, got.body, got.err)
+				}
+			}
+		})
+	}
+}
+
+// TestRelayedNoContentType: an answer of Core without a Content-Type reaches the client
+// without one, forwarded or shared by the bridge, never with one net/http guessed from
+// the body (a sanitized file that starts like HTML would be served as text/html).
+func TestRelayedNoContentType(t *testing.T) {
+	const html = `<html><script>alert(1)</script></html>`
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil // net/http would sniff one here too
+		_, _ = io.WriteString(w, html)
+	})
+	for _, bridged := range []bool{false, true} {
+		front, _ := newTestProxy(t, up, func(o *Options) {
+			if bridged {
+				o.Bridge = newTestBridge(t)
+			}
+		})
+		for _, p := range []string{"/file/converted/abc", "/file/abc"} {
+			resp, err := http.Get(front + p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if ct, ok := resp.Header["Content-Type"]; ok || string(b) != html {
+				t.Errorf("bridge %v, GET %s: Content-Type %q (present %v), body %q; want none and Core's body", bridged, p, ct, ok, b)
+			}
+		}
+	}
+}
+
+// TestWebhookEncodedNotRelayed: a webhook status Core sends encoded or partial though
+// the proxy asked for neither cannot be searched for the bridge's secrets: it is not
+// relayed (502), rather than a secret.
+func TestWebhookEncodedNotRelayed(t *testing.T) {
+	for name, h := range map[string]http.Header{
+		"gzip":    {"Content-Encoding": {"gzip"}},
+		"partial": {"Content-Range": {"bytes 0-9/100"}},
+	} {
+		up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			maps.Copy(w.Header(), h)
+			if name == "partial" {
+				w.WriteHeader(http.StatusPartialContent)
+			}
+			_, _ = io.WriteString(w, "0123456789")
+		})
+		front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+		resp, err := http.Get(front + "/file/webhook/abc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway || strings.Contains(string(b), "0123456789") {
+			t.Errorf("%s webhook status: %d %q, want 502 without Core's bytes", name, resp.StatusCode, b)
 		}
 	}
 }

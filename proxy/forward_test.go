@@ -696,31 +696,38 @@ func TestForwardQueryString(t *testing.T) {
 }
 
 // TestForwardTrustedChain checks that a trusted peer's X-Forwarded-For chain reaches
-// Core extended with the peer, while an untrusted peer's chain is replaced by the peer.
+// Core extended with the peer, while an untrusted peer's chain is replaced by the peer;
+// and an untrusted peer's X-Real-IP does not reach Core, a trusted one's does.
 func TestForwardTrustedChain(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		trusted []netip.Prefix
-		want    string
+		name       string
+		trusted    []netip.Prefix
+		want       string
+		wantRealIP string
 	}{
-		{"untrusted peer", nil, "127.0.0.1"},
-		{"trusted peer", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "203.0.113.9, 127.0.0.1"},
+		{"untrusted peer", nil, "127.0.0.1", ""},
+		{"trusted peer", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "203.0.113.9, 127.0.0.1", "198.51.100.7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := make(chan string, 1)
+			got := make(chan [2]string, 1)
 			up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				got <- strings.Join(r.Header.Values("X-Forwarded-For"), ",")
+				got <- [2]string{strings.Join(r.Header.Values("X-Forwarded-For"), ","), strings.Join(r.Header.Values("X-Real-IP"), ",")}
 			})
 			front, _ := newTestProxy(t, up, func(o *Options) { o.TrustedProxies = tc.trusted })
 			req, _ := http.NewRequest(http.MethodGet, front+"/version", nil)
 			req.Header.Set("X-Forwarded-For", "203.0.113.9")
+			req.Header.Set("X-Real-IP", "198.51.100.7")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatalf("GET /version: %v", err)
 			}
 			resp.Body.Close()
-			if g := <-got; g != tc.want {
-				t.Errorf("upstream X-Forwarded-For = %q, want %q", g, tc.want)
+			g := <-got
+			if g[0] != tc.want {
+				t.Errorf("upstream X-Forwarded-For = %q, want %q", g[0], tc.want)
+			}
+			if g[1] != tc.wantRealIP {
+				t.Errorf("upstream X-Real-IP = %q, want %q", g[1], tc.wantRealIP)
 			}
 		})
 	}

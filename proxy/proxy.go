@@ -127,6 +127,7 @@ type route struct {
 	lastCL          atomic.Pointer[lengthMemo] // see contentLength
 	lastRetry       atomic.Pointer[retryMemo]  // see retryAfterValue
 	secrets         *regexp.Regexp             // webhook_status: the bridge's callback URLs
+	readsAnswer     bool                       // the proxy reads or shares Core's answers (askWholeAnswer)
 	proxy           *httputil.ReverseProxy
 	requests        *codeCounters
 	decisions       [limiter.Outcomes]*lazy[prometheus.Counter]
@@ -203,6 +204,7 @@ func New(opts Options) (*Proxy, error) {
 			h.secrets = secretsPattern(opts.Bridge.CallbackPrefix())
 			h.proxy.ModifyResponse = h.redactSecrets
 		}
+		h.readsAnswer = opts.Bridge != nil && (h.submit || h.polled || h.secrets != nil)
 		if opts.Bridge != nil && (h.submit || h.polled) {
 			h.bridge = opts.Bridge
 			if h.submit {
@@ -294,6 +296,21 @@ func newRoute(name string, opts Options) *route {
 			// Core must not wait to send one before reading the body.
 			if !pr.In.ProtoAtLeast(1, 1) {
 				delete(pr.Out.Header, "Expect")
+			}
+			// An untrusted peer's X-Real-IP is no more believed than its
+			// X-Forwarded-For (clientAddr does not read it either): Core sees no forged
+			// address.
+			if pr.Out.Header["X-Real-Ip"] != nil && !isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
+				delete(pr.Out.Header, "X-Real-Ip")
+			}
+			if rt.readsAnswer {
+				askWholeAnswer(pr.Out.Header)
+				// The bridge's callback URL goes on the request forwarded, after the
+				// hop-by-hop fields went, so that a client's "Connection: callbackurl"
+				// cannot take it away while the submission is recorded as bridged.
+				if ex := exchangeOf(pr.In); ex != nil && ex.sub != nil {
+					pr.Out.Header["Callbackurl"] = []string{ex.sub.callbackURL}
+				}
 			}
 		},
 		Transport:    timedTransport{next: opts.Transport, observe: rt.upstreamDur, codes: &codeCounters{vec: m.UpstreamResponses, route: name}},
@@ -840,8 +857,21 @@ func (w *recorder) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
 		w.status = code
 	}
+	if w.ex != nil && code >= 200 {
+		noSniff(w.Header()) // Core's answer, relayed
+	}
 	w.armWrite() // a 1xx is written at once; a final status with the first body bytes
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// noSniff keeps net/http from giving an answer without a Content-Type one guessed from
+// its first bytes (a "text/html" for a sanitized file that starts like HTML): the proxy
+// relays Core's media type, and none when Core gave none (RFC 9110, section 8.3). A nil
+// value is written as nothing.
+func noSniff(h http.Header) {
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil
+	}
 }
 
 func (w *recorder) Write(p []byte) (int, error) {
