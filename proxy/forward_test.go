@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -804,5 +805,48 @@ func TestUpstreamResponsesCounted(t *testing.T) {
 	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "503"}, 2)
 	if got := metricValue(t, reg, "mdproxy_upstream_responses_total", map[string]string{"route": "file_result", "code": "503"}); got != 1 {
 		t.Errorf(`upstream_responses_total{route="file_result",code="503"} = %v, want 1 (Core's, not the proxy's)`, got)
+	}
+}
+
+// TestChunkedRequestClosesConnection: a request framed by Transfer-Encoding (which may
+// have carried a Content-Length that a proxy in front framed it by) is answered and its
+// connection closed (RFC 9112, section 6.1): a request pipelined after it is never
+// served, forwarded or not, limited or refused.
+func TestChunkedRequestClosesConnection(t *testing.T) {
+	up := &recordingUpstream{}
+	front, _ := newTestProxy(t, up, nil)
+	u, _ := url.Parse(front)
+	for _, first := range []string{
+		"POST /file/batch HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"GET /version HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"GET /file/. HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+	} {
+		conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, first+"GET /version?second HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%q: reading the first answer: %v", first, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if !resp.Close {
+			t.Errorf("%q: answer %d without Connection: close", first, resp.StatusCode)
+		}
+		if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+			t.Errorf("%q: after the first answer got %q, %v; want the connection closed", first, rest, err)
+		}
+		conn.Close()
+	}
+	for _, r := range up.requests() {
+		if strings.Contains(r, "second") {
+			t.Errorf("the request pipelined after a chunked one reached Core: %q", r)
+		}
 	}
 }

@@ -367,6 +367,13 @@ func (p *Proxy) SetLimits(l Limits) {
 
 // ServeHTTP routes r by its canonical path and serves it on its route.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TransferEncoding != nil {
+		// A chunked request may have come with a Content-Length too, which net/http
+		// drops before the handler can see it: RFC 9112, section 6.1, wants the
+		// connection closed after the answer, since a proxy in front may have framed
+		// the request by that length (request smuggling). Core's clients send lengths.
+		w.Header()["Connection"] = closeValue
+	}
 	cp, ok := canonicalPath(r.URL)
 	if !ok {
 		p.other.refuse(w, r, http.StatusBadRequest,
@@ -375,6 +382,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.routeOf(r.Method, cp).ServeHTTP(w, r)
 }
+
+// closeValue is the Connection field value that ends a connection after the answer.
+var closeValue = []string{"close"}
 
 // routeOf returns the route of a request of method for the canonical path cp, found
 // in chi's routing tree (Mux.Find), or the route other. chi's own ServeHTTP would put a
