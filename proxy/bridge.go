@@ -112,7 +112,9 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 	if err != nil {
 		return fmt.Errorf("reading Core's answer to a submission: %w", err)
 	}
-	resp.Body = readCloser{Reader: bytes.NewReader(body), Closer: resp.Body}
+	// What was read, then the rest of Core's answer (an answer over maxSubmitAnswer names
+	// no data_id the bridge records, but reaches the client whole).
+	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
 	var answer struct {
 		DataID string `json:"data_id"`
 	}

@@ -461,3 +461,25 @@ func TestWebhookEncodedNotRelayed(t *testing.T) {
 		}
 	}
 }
+
+// TestBridgedSubmissionLargeAnswerWhole: Core's answer to a bridged submission that is
+// larger than the part the proxy reads for its data_id reaches the client whole.
+func TestBridgedSubmissionLargeAnswerWhole(t *testing.T) {
+	big := append([]byte(`{"data_id":"abc","pad":"`), bytes.Repeat([]byte("x"), 2*maxSubmitAnswer)...)
+	big = append(big, `"}`...)
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(big)
+	})
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	resp, err := newClient(t).Post(front+"/file", "application/octet-stream", strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, big) {
+		t.Errorf("POST /file = %d, %d of %d bytes, %v; want 200 with Core's whole answer", resp.StatusCode, len(got), len(big), err)
+	}
+}
