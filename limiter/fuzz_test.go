@@ -153,7 +153,7 @@ var (
 )
 
 // validSetting reports whether v is a value that setting (RATE, BURST...) accepts: it
-// parses and, a number, is finite and not negative.
+// parses and, a number, is not negative (a rate: 0, or from MinRate to MaxRate).
 func validSetting(setting, v string) bool {
 	var read func(string) (any, error)
 	switch setting {
@@ -174,7 +174,7 @@ func validSetting(setting, v string) bool {
 	}
 	switch x := x.(type) {
 	case float64:
-		return !math.IsNaN(x) && !math.IsInf(x, 0) && x >= 0
+		return x == 0 || (x >= limiter.MinRate && x <= limiter.MaxRate)
 	case int:
 		return x >= 0
 	case time.Duration:

@@ -39,13 +39,23 @@ type Limiter interface {
 	Limit() Limit
 }
 
+// MinRate and MaxRate bound a Limit's Rate other than 0, in requests per second. Below
+// MinRate (one request in 27.8 hours) a token's interval in nanoseconds no longer fits
+// the bucket's arithmetic nor Redis's (a rate of 1e-10 turned the limit off, 3e-10
+// refused the first request of a full bucket); above MaxRate the interval is under a
+// nanosecond, the clock's unit.
+const (
+	MinRate = 0.00001
+	MaxRate = 1e9
+)
+
 // Limit is the budget of one route.
 //
 // The zero Limit allows everything: no global bucket, no per-client share.
 type Limit struct {
 	// Rate is the refill rate of the route's global token bucket, in requests per
-	// second; fractions are allowed (0.5 = one request every 2 seconds). 0 means no
-	// global limit.
+	// second, from MinRate to MaxRate; fractions are allowed (0.5 = one request every
+	// 2 seconds). 0 means no global limit.
 	Rate float64 `env:"RATE"`
 	// Burst is the capacity of the global bucket, in requests: how many requests may
 	// pass at once after a quiet period. 0 means one second's worth of tokens,
@@ -255,7 +265,7 @@ type fieldError struct{ Var, Want string }
 // meaning of 0. It is the message of a value out of range and of one that does not
 // parse.
 var wants = map[string]string{
-	"RATE":          "want a number of requests per second >= 0, fractions allowed (e.g. 0.5); 0 = no limit",
+	"RATE":          "want a number of requests per second >= 0: 0 = no limit, else from 0.00001 (one in 27.8 hours) to 1e9, fractions allowed (e.g. 0.5)",
 	"BURST":         "want a whole number of requests >= 0; 0 = ceil(rate), at least 1",
 	"MAX_WAIT":      "want a duration with its unit >= 0 (e.g. 500ms, 2s); 0 = reject at once",
 	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0; 0 = off",
@@ -267,7 +277,8 @@ var wants = map[string]string{
 func (l Limit) check() []fieldError {
 	var errs []fieldError
 	bad := func(v string) { errs = append(errs, fieldError{v, wants[v]}) }
-	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
+	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) ||
+		(l.Rate > 0 && (l.Rate < MinRate || l.Rate > MaxRate)) {
 		bad("RATE")
 	}
 	if l.Burst < 0 {
