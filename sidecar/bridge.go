@@ -33,8 +33,8 @@ func (c *Config) validateBridge(environ map[string]string) error {
 	}
 	if c.BridgeCallbackURL != "" {
 		u, err := url.Parse(c.BridgeCallbackURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" {
-			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host and no query, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || !validURL(c.BridgeCallbackURL, u) {
+			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host, a port of 1 to 65535 if any, and no query, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
 		}
 	}
 	for _, t := range []struct {

@@ -262,10 +262,10 @@ func (c *Config) validate(environ map[string]string) error {
 	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{
 		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || !validURL(c.UpstreamURL, u) {
 		// Named without its password, as /config and the logs show it.
 		errs.Add(&envconf.Error{Var: EnvPrefix + "UPSTREAM_URL", Value: redactedURL(c.UpstreamURL),
-			Want: "want an http or https URL with a host, e.g. http://127.0.0.1:8008"})
+			Want: "want an http or https URL with a host and, if any, a port of 1 to 65535, e.g. http://127.0.0.1:8008"})
 	} else {
 		c.upstream = u
 	}
@@ -327,6 +327,25 @@ func (c *Config) validate(environ map[string]string) error {
 	errs.Add(c.validateBridge(environ))
 	errs.Add(c.validateRedis(environ))
 	return errs.Err()
+}
+
+// validURL reports whether u, parsed from s, names a port of 1 to 65535 if any, and s
+// holds no character that a URI cannot (RFC 3986: no space, control, quote, <, >, \,
+// ^, `, {, |, }), which url.Parse lets through in a path: Core could not use the URL.
+func validURL(s string, u *url.URL) bool {
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return false
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return false // a colon and no port
+	}
+	for i := range len(s) {
+		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"<>\\^`{|}", c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // validListenAddr reports whether a is host:port with a numeric port of 0 to 65535.
