@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/joho/godotenv"
 
@@ -35,18 +36,26 @@ func routeLimitVars() []string {
 // each key a route limit variable. It returns the route limit variables it sets, and an
 // error naming the file: when it cannot be read or parsed (vars is nil then), or an
 // envconf.Errors naming each variable of it that is not a route limit variable.
+//
+// godotenv expands $NAME and ${NAME} in a value and lets a later line set a key again;
+// neither has a use here, and each hides a mistake (a template placeholder left
+// unrendered would become the default, a bad first value would go unseen), so a value
+// holding "$" and a key set twice are errors naming the variable.
 func readLimitsFile(path string) (vars map[string]string, err error) {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%sLIMITS_FILE=%q: reading the limits file: %w", EnvPrefix, path, err)
 	}
-	defer f.Close()
-	vars, err = godotenv.Parse(f)
+	vars, err = godotenv.UnmarshalBytes(data)
 	if err != nil {
 		return nil, fmt.Errorf("limits file %s: want lines of MDPROXY_<ROUTE>_<SETTING>=VALUE: %w", path, err)
 	}
 	known := routeLimitVars()
 	var errs envconf.Errors
+	for _, l := range literalErrors(data) {
+		errs.Add(fmt.Errorf("limits file %s: %w", path, l))
+		delete(vars, l.Var)
+	}
 	for _, name := range slices.Sorted(maps.Keys(vars)) {
 		if !slices.Contains(known, name) {
 			errs.Add(fmt.Errorf("limits file %s: %w", path, &envconf.Error{Var: name, Value: vars[name],
@@ -135,4 +144,37 @@ func ineffective(environ map[string]string, limits map[string]limiter.Limit) []s
 		}
 	}
 	return out
+}
+
+// literalErrors returns, in line order, an error for each line of a limits file whose
+// value holds "$" and each key set on an earlier line too. Lines are read as godotenv
+// reads them for this: blank and "#" lines skipped, "export " dropped, the key before
+// "=" (or ":").
+func literalErrors(data []byte) []*envconf.Error {
+	var errs []*envconf.Error
+	first := map[string]int{} // key -> the line that set it first
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		line = strings.TrimPrefix(line, "export ")
+		k := strings.IndexAny(line, "=:")
+		if k < 0 {
+			continue // godotenv refused the file already
+		}
+		key, value := strings.TrimSpace(line[:k]), strings.TrimSpace(line[k+1:])
+		switch at, seen := first[key]; {
+		case seen:
+			errs = append(errs, &envconf.Error{Var: key, Value: value,
+				Want: fmt.Sprintf("want each variable set once; set on line %d, and again on line %d", at, i+1)})
+		case strings.Contains(value, "$"):
+			errs = append(errs, &envconf.Error{Var: key, Value: value,
+				Want: "want a value as written: the limits file expands no variables ($NAME, ${NAME})"})
+		}
+		if _, seen := first[key]; !seen {
+			first[key] = i + 1
+		}
+	}
+	return errs
 }

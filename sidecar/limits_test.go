@@ -173,6 +173,10 @@ func TestLoadConfigBadLimitsFile(t *testing.T) {
 			[]string{"MDPROXY_FILE_RESULT_RATE", "MDPROXY_FILE_RESULT_BURST"}},
 		{"not a limit", "MDPROXY_LISTEN_ADDR=:1\nMDPROXY_FILE_RESULT_RATE=x\nMDPROXY_FILE_RESUL_RATE=1\nPATH=/bin\n",
 			[]string{"MDPROXY_FILE_RESUL_RATE", "MDPROXY_LISTEN_ADDR", "PATH", "MDPROXY_FILE_RESULT_RATE"}},
+		{"a placeholder", "MDPROXY_FILE_RESULT_RATE=${HOME}\nexport MDPROXY_STAT_RATE=\"$UNSET\"\n# $comment\nMDPROXY_FILE_RESULT_BURST=5\n",
+			[]string{"MDPROXY_FILE_RESULT_RATE", "MDPROXY_STAT_RATE"}},
+		{"set twice", "MDPROXY_FILE_RESULT_RATE=abc\nMDPROXY_FILE_RESULT_BURST=5\nMDPROXY_FILE_RESULT_RATE=5\n",
+			[]string{"MDPROXY_FILE_RESULT_RATE"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".env")
