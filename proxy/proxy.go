@@ -374,6 +374,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// the request by that length (request smuggling). Core's clients send lengths.
 		w.Header()["Connection"] = closeValue
 	}
+	if r.Method == http.MethodConnect || r.Method == "PRI" {
+		// Core's API has neither: a CONNECT's authority-form target has no path to
+		// route or forward (it went on as "CONNECT /"), and "PRI * HTTP/2.0" is the
+		// HTTP/2 preface, which mdproxy does not speak in clear text.
+		p.other.refuse(w, r, http.StatusNotImplemented, "Method not implemented: "+r.Method+" is not part of Core's API.")
+		return
+	}
 	cp, ok := canonicalPath(r.URL)
 	if !ok {
 		p.other.refuse(w, r, http.StatusBadRequest,

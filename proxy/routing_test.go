@@ -290,3 +290,25 @@ func TestCanonicalPathOddStarts(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectAndPrefaceRefused: CONNECT (authority-form, no path to route) and the
+// HTTP/2 preface's PRI are answered 501 in Core's error format, counted under other,
+// and never reach Core.
+func TestConnectAndPrefaceRefused(t *testing.T) {
+	up := &recordingUpstream{}
+	base, reg := newTestProxy(t, up, nil)
+	u, _ := url.Parse(base)
+	for _, line := range []string{"CONNECT " + u.Host + " HTTP/1.1\r\n", "PRI * HTTP/1.1\r\n", "PRI * HTTP/2.0\r\n"} {
+		resp, body := rawRequest(t, base, line)
+		var e map[string]string
+		if resp.StatusCode != http.StatusNotImplemented || json.Unmarshal([]byte(body), &e) != nil || e["err"] == "" {
+			t.Errorf("%q: %d %q, want 501 with Core's {\"err\": ...}", line, resp.StatusCode, body)
+		}
+	}
+	if got := up.requests(); len(got) != 0 {
+		t.Errorf("upstream got %v, want nothing", got)
+	}
+	if got := metricValue(t, reg, "mdproxy_requests_total", map[string]string{"route": RouteOther, "code": "501"}); got != 3 {
+		t.Errorf("requests_total{route=other,code=501} = %v, want 3", got)
+	}
+}
