@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,6 +159,9 @@ func validSetting(setting, v string) bool {
 	var read func(string) (any, error)
 	switch setting {
 	case "RATE":
+		if strings.ContainsAny(v, "_xXpP") {
+			return false // Go's literals, not decimal
+		}
 		read = readFloat
 	case "BURST", "CLIENT_LIMIT":
 		read = readInt

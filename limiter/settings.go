@@ -40,7 +40,14 @@ func ParseLimits(environ map[string]string, prefix string, routes []string, defa
 			}
 			errs.Add(err)
 		}
-		for _, fe := range l.check() {
+		fes := l.check()
+		if v := environ[routePrefix+"RATE"]; strings.ContainsAny(v, "_xXpP") &&
+			(len(fes) == 0 || fes[0].Var != "RATE") && !errs.Names(routePrefix+"RATE") {
+			// strconv.ParseFloat reads Go's literals: "1_5" as 15, "0x1p4" as 16. A rate
+			// is written in decimal; anything else is more likely a mistake.
+			fes = append([]fieldError{{"RATE", wants["RATE"]}}, fes...)
+		}
+		for _, fe := range fes {
 			name := routePrefix + fe.Var
 			errs.Add(&envconf.Error{Var: name, Value: environ[name], Want: fe.Want})
 		}

@@ -178,6 +178,8 @@ func TestParseLimitsErrors(t *testing.T) {
 		{"MDPROXY_FILE_RESULT_RATE", "1e-10", "from 0.00001 (one in 27.8 hours) to 1e9"},
 		{"MDPROXY_FILE_RESULT_RATE", "0.0000099", "from 0.00001"},
 		{"MDPROXY_FILE_RESULT_RATE", "2e9", "to 1e9"},
+		{"MDPROXY_FILE_RESULT_RATE", "1_5", "want a number of requests per second"},
+		{"MDPROXY_FILE_RESULT_RATE", "0x1p4", "want a number of requests per second"},
 		{"MDPROXY_FILE_RESULT_BURST", "ten", "want a whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_BURST", "1.5", "want a whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_BURST", "-1", "whole number of requests >= 0"},
