@@ -189,7 +189,10 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		}
 		return
 	}
-	key := r.Method + " " + id + " " + string(owner[:])
+	// Polls share Core's answer only when they asked the same: a query (a page of an
+	// archive's files, a client's cache-buster) may change it. askWholeAnswer takes the
+	// header fields that could change it away from the question.
+	key := r.Method + " " + id + " " + string(owner[:]) + "?" + r.URL.RawQuery
 	var f *fetched
 	for {
 		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(r, id, owner), nil })
@@ -315,7 +318,9 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		f.status = http.StatusOK
 	}
 	switch {
-	case f.status == http.StatusOK && r.Method == http.MethodGet:
+	case f.status == http.StatusOK && r.Method == http.MethodGet && r.URL.RawQuery == "" && !r.URL.ForceQuery:
+		// Only the answer to the plain question is the result to store: one to a query
+		// may be a part of it.
 		rt.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
 	case f.status == http.StatusNotFound:
 		rt.bridge.Gone(id, owner) // no callback will come for a scan Core lost

@@ -483,3 +483,53 @@ func TestBridgedSubmissionLargeAnswerWhole(t *testing.T) {
 		t.Errorf("POST /file = %d, %d of %d bytes, %v; want 200 with Core's whole answer", resp.StatusCode, len(got), len(big), err)
 	}
 }
+
+// TestBridgePollQueryNotShared: polls of one id and owner that differ in their query
+// (a page of an archive's files) each get Core's answer to their own question, and a
+// final answer to a query is not stored as the id's result.
+func TestBridgePollQueryNotShared(t *testing.T) {
+	release := make(chan struct{})
+	var asked atomic.Int64
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data_id":"abc","q":"`+r.URL.RawQuery+`","scan_results":{"scan_all_result_i":0,"progress_percentage":100},"process_info":{"progress_percentage":100,"result":"Allowed"}}`)
+	})
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // before the upstream closes, which waits for its handlers
+	c := newClient(t)
+	get := func(q string) chan string {
+		ch := make(chan string, 1)
+		go func() {
+			resp, err := c.Get(front + "/file/abc" + q)
+			if err != nil {
+				ch <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			ch <- string(b)
+		}()
+		return ch
+	}
+	first, second := get("?first=0&size=2"), get("?first=2&size=2")
+	for deadline := time.Now().Add(10 * time.Second); asked.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Core was asked %d times for two polls with different queries, want 2", asked.Load())
+		}
+	}
+	open()
+	if got := <-first; !strings.Contains(got, `"q":"first=0&size=2"`) {
+		t.Errorf("first poll got %q, want Core's answer to its own query", got)
+	}
+	if got := <-second; !strings.Contains(got, `"q":"first=2&size=2"`) {
+		t.Errorf("second poll got %q, want Core's answer to its own query", got)
+	}
+	// Not stored: the plain poll asks Core again and gets the plain answer.
+	if got := <-get(""); !strings.Contains(got, `"q":""`) || asked.Load() != 3 {
+		t.Errorf("plain poll got %q with Core asked %d times, want Core's plain answer (asked 3 times)", got, asked.Load())
+	}
+}
