@@ -266,9 +266,9 @@ type fieldError struct{ Var, Want string }
 // parse.
 var wants = map[string]string{
 	"RATE":          "want a number of requests per second >= 0: 0 = no limit, else from 0.00001 (one in 27.8 hours) to 1e9, fractions allowed (e.g. 0.5)",
-	"BURST":         "want a whole number of requests >= 0; 0 = ceil(rate), at least 1",
+	"BURST":         "want a whole number of requests >= 0, at most 2147483647; 0 = ceil(rate), at least 1",
 	"MAX_WAIT":      "want a duration with its unit >= 0 (e.g. 500ms, 2s); 0 = reject at once",
-	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0; 0 = off",
+	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0, at most 2147483647; 0 = off",
 	"CLIENT_WINDOW": "want a duration with its unit >= 0 (e.g. 1s, 1m); 0 = 1s",
 	"DRY_RUN":       "want true or false; true = decide as the limit would, count would_reject and let every request go on",
 }
