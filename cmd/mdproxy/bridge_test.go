@@ -24,8 +24,9 @@ import (
 // emulatedCore is coresim on a loopback server, its model running at speedup, with a
 // count of the result polls that reached it.
 type emulatedCore struct {
-	url   string
-	polls atomic.Int64 // GET /file/{data_id} answered by Core
+	url      string
+	polls    atomic.Int64 // GET /file/{data_id} answered by Core
+	requests atomic.Int64 // every request that reached Core
 }
 
 // startCore starts coresim with cfg (Speedup and what the test sets) until cleanup.
@@ -38,6 +39,7 @@ func startCore(t *testing.T, cfg coresim.Config) *emulatedCore {
 	c := &emulatedCore{}
 	h := sim.Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.requests.Add(1)
 		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/file/") && strings.Count(r.URL.Path, "/") == 2 {
 			c.polls.Add(1)
 		}

@@ -906,3 +906,35 @@ func TestExpectContinueLate(t *testing.T) {
 		}
 	}
 }
+
+// TestDotSegmentsRefused: paths with a "." or ".." segment, which the emulator (like any
+// server that keeps dot segments) routes as polls of the data_id "." or "..", or as a
+// batch status, while a server that resolves them routes elsewhere, are refused 400 in
+// Core's error format with the file_result route limited to nothing, and reach Core
+// neither way (they went on as route "other", unlimited, to Core's poll handler).
+func TestDotSegmentsRefused(t *testing.T) {
+	core := startCore(t, fastCore())
+	p := startBinary(t, core.url, map[string]string{
+		"MDPROXY_FILE_RESULT_RATE":  "0.01",
+		"MDPROXY_FILE_RESULT_BURST": "1",
+		"MDPROXY_BRIDGE":            "false",
+	})
+	paths := []string{"/file/.", "/file/..", "/file/%2e", "/file/%2E%2e", "/hash/.", "/hash/..",
+		"/hash/%2e", "/file/batch/.", "/file/./x", "/x/../file/x"}
+	for _, path := range paths {
+		c := dial(t, p.proxyAddr)
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAll(c)
+		if err != nil || !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `{"err":"Invalid path: dot segments`) {
+			t.Errorf("GET %s = %q, %v; want 400 in Core's error format", path, got, err)
+		}
+	}
+	if n := core.requests.Load(); n != 0 {
+		t.Errorf("requests that reached Core = %d, want 0", n)
+	}
+	if v := p.metric(t, series("mdproxy_requests_total", "code", "400", "method", "GET", "route", "other")); v != float64(len(paths)) {
+		t.Errorf("requests_total{route=other,code=400} = %v, want %d", v, len(paths))
+	}
+}
