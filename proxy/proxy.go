@@ -365,7 +365,10 @@ func (p *Proxy) SetLimits(l Limits) {
 	}
 }
 
-// ServeHTTP routes r by its canonical path and serves it on its route.
+// ServeHTTP routes r by its canonical path and serves it on its route. Before routing,
+// it answers itself, counted under route other: 501 to CONNECT and PRI, and 400 to a
+// path canonicalPath refuses, each in Core's error format. A request framed by
+// Transfer-Encoding gets Connection: close with whatever answer it gets.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.TransferEncoding != nil {
 		// A chunked request may have come with a Content-Length too, which net/http
