@@ -49,6 +49,7 @@ const (
 	DefaultRefresh          = 60 * time.Second
 	DefaultPendingTTL       = 24 * time.Hour
 	DefaultMaxCallbackBytes = 64 << 20
+	DefaultMaxPendingBytes  = 16 << 20
 )
 
 // CallbackPath is the path prefix of the callback listener: Core posts a result to
@@ -108,6 +109,10 @@ type Options struct {
 	// MaxCallbackBytes caps the body of a callback, in bytes; a larger one is refused
 	// (413). Zero: DefaultMaxCallbackBytes, 64 MiB.
 	MaxCallbackBytes int64
+	// MaxPendingBytes caps, in bytes, Core's replies (not final) held as the pending
+	// answers of pending ids, all ids together (see Observe). Zero:
+	// DefaultMaxPendingBytes, 16 MiB.
+	MaxPendingBytes int64
 	// Now is the clock. Nil: time.Now.
 	Now func() time.Time
 	// Logger receives the listener's refusals (debug) and odd events (warn). Nil:
@@ -123,6 +128,7 @@ type Bridge struct {
 	refresh    time.Duration
 	pendingTTL time.Duration
 	maxBody    int64
+	maxLast    int64 // Options.MaxPendingBytes
 	now        func() time.Time
 	log        *slog.Logger
 
@@ -143,6 +149,9 @@ type Bridge struct {
 	newestCalledBack time.Time
 	// lastSweep is when pending entries older than pendingTTL were last dropped.
 	lastSweep time.Time
+	// lastBytes is the size of Core's replies held as pending answers (the lastOwn of
+	// every entry), at most maxLast.
+	lastBytes int64
 	// issued holds the secrets Callback gave out and Submitted did not take yet, by
 	// their SHA-256, for issuedTTL; earlyBytes is the size of the early callback bodies
 	// they hold, at most maxBody.
@@ -159,9 +168,12 @@ type pendingEntry struct {
 	secret    [32]byte // SHA-256 of the callback secret
 	owner     Owner
 	submitted time.Time
-	// last is the answer to a poll: Core's last 200 reply for the id, or InProgress.
+	// last is the answer to a poll: Core's last 200 reply for the id, or InProgress;
+	// lastOwn is len(last) when it is Core's reply (counted in Bridge.lastBytes), 0
+	// for InProgress.
 	last     []byte
 	lastType string
+	lastOwn  int64
 	// asked is when Poll last answered Overdue; zero: never.
 	asked time.Time
 	// shared: another replica's submission, known from the store (no secret here).
@@ -202,6 +214,8 @@ func New(o Options) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: the pending time to live %v is negative", o.PendingTTL)
 	case o.MaxCallbackBytes < 0:
 		return nil, fmt.Errorf("bridge: the callback body cap %d is negative", o.MaxCallbackBytes)
+	case o.MaxPendingBytes < 0:
+		return nil, fmt.Errorf("bridge: the pending answers' cap %d is negative", o.MaxPendingBytes)
 	}
 	b := &Bridge{
 		base:       strings.TrimRight(o.CallbackURL, "/"),
@@ -209,6 +223,7 @@ func New(o Options) (*Bridge, error) {
 		refresh:    cmpOr(o.Refresh, DefaultRefresh),
 		pendingTTL: cmpOr(o.PendingTTL, DefaultPendingTTL),
 		maxBody:    cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes),
+		maxLast:    cmpOr(o.MaxPendingBytes, DefaultMaxPendingBytes),
 		now:        o.Now,
 		log:        o.Logger,
 		pending:    map[string]*pendingEntry{},
@@ -329,6 +344,7 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 
 // dropLocked forgets e. b.mu must be held.
 func (b *Bridge) dropLocked(e *pendingEntry) {
+	b.forgetLastLocked(e)
 	if e.shared {
 		if b.shared[e.dataID] == e {
 			delete(b.shared, e.dataID)
@@ -377,6 +393,9 @@ func (b *Bridge) entryLocked(dataID string, se Entry) *pendingEntry {
 	}
 	p := se.Pending
 	if e == nil || e.owner != p.Owner || !e.submitted.Equal(p.Submitted) {
+		if e != nil {
+			b.forgetLastLocked(e)
+		}
 		e = &pendingEntry{
 			dataID:    dataID,
 			owner:     p.Owner,
@@ -551,9 +570,28 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e := b.knownLocked(dataID); e != nil && e.owner == owner {
-		e.last = bytes.Clone(body)
-		e.lastType = contentType
+		b.setLastLocked(e, body, contentType)
 	}
+}
+
+// setLastLocked makes body, Core's reply (not final) about e's id, e's pending answer,
+// unless the replies held for pending ids would then weigh more than maxLast: then e
+// keeps its answer (an earlier reply, or InProgress), which shows less progress, so
+// that the ids that wait for their callbacks (at most PendingTTL) cannot hold an
+// unbounded sum of Core's replies (each up to 64 MiB). b.mu must be held.
+func (b *Bridge) setLastLocked(e *pendingEntry, body []byte, contentType string) {
+	n := int64(len(body))
+	if b.lastBytes-e.lastOwn+n > b.maxLast {
+		return
+	}
+	b.lastBytes += n - e.lastOwn
+	e.last, e.lastOwn, e.lastType = bytes.Clone(body), n, contentType
+}
+
+// forgetLastLocked takes e's pending answer out of lastBytes, once. b.mu must be held.
+func (b *Bridge) forgetLastLocked(e *pendingEntry) {
+	b.lastBytes -= e.lastOwn
+	e.lastOwn = 0
 }
 
 // NotAsked records that a poll of dataID by owner that Poll answered Overdue did not
