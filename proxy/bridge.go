@@ -39,7 +39,7 @@ const maxSubmitAnswer = 1 << 20
 
 // maxSharedPoll bounds Core's answer to a poll that the proxy buffers, to share it
 // between concurrent polls of one data_id and to store it, with the bridge on. A larger
-// answer is not relayed: the waiting clients' connections are cut and a warning logged.
+// answer is not relayed: the waiting clients get 502 and a warning is logged.
 // It is the bridge's cap on a callback too (bridge.DefaultMaxCallbackBytes): a result of
 // that size is beyond anything Core answers for a file.
 const maxSharedPoll = 64 << 20
@@ -219,7 +219,9 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 		rt.polls[bridge.Pending].Inc()
 		writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
 	case f.aborted:
-		abort(rec)
+		// Nothing of Core's answer was sent: the client learns it failed, and the
+		// request is counted under the proxy's status, not as a client that left.
+		writeError(rec, f.failStatus, f.failMsg)
 	case !f.decision.Pass():
 		rt.writeLimit(rec, f.decision)
 	default:
@@ -260,8 +262,12 @@ type fetched struct {
 	status   int
 	header   http.Header
 	body     []byte
-	aborted  bool // the answer broke off: each client gets a cut connection
+	aborted  bool // Core's answer broke off, or was too large: each client gets failStatus
 	canceled bool // the poll that asked left first: the others ask again
+	// failStatus and failMsg answer the polls of an aborted fetch: nothing of Core's
+	// answer was sent yet, so each client learns that it failed.
+	failStatus int
+	failMsg    string
 }
 
 // fetchPoll asks Core about id for owner, under the route's limit, and buffers its
@@ -288,8 +294,9 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 				panic(v)
 			}
 			f.aborted = true
+			f.failStatus, f.failMsg = http.StatusBadGateway, "Core's answer broke off."
 			if buf.tooLarge {
-				rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it are cut", "limit_bytes", maxSharedPoll)
+				rt.tooLarge(f)
 				return
 			}
 			if ctx.Err() != nil { // the client that asked left mid-answer
@@ -298,6 +305,7 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 			} else if coreErr := ex.responseFailed(); isDeadline(coreErr) {
 				rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
 				rt.upstreamErrors[metrics.KindTimeout].get().Inc()
+				f.failStatus, f.failMsg = http.StatusGatewayTimeout, fmt.Sprintf("Core's answer made no progress for %v.", rt.bodyIdle)
 			} else {
 				rt.upstreamErrors[metrics.KindReset].get().Inc()
 			}
@@ -309,8 +317,7 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		return f
 	}
 	if buf.tooLarge { // when ReverseProxy returned rather than panicked on it
-		f.aborted = true
-		rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it are cut", "limit_bytes", maxSharedPoll)
+		rt.tooLarge(f)
 		return f
 	}
 	f.status, f.header, f.body = buf.status, buf.header, buf.body.Bytes()
@@ -326,6 +333,14 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		rt.bridge.Gone(id, owner) // no callback will come for a scan Core lost
 	}
 	return f
+}
+
+// tooLarge marks f, whose answer from Core was over maxSharedPoll, as failed: 502 to
+// each poll waiting on it.
+func (rt *route) tooLarge(f *fetched) {
+	f.aborted = true
+	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's answer is larger than the proxy relays (%d MiB).", maxSharedPoll>>20)
+	rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it get 502", "limit_bytes", maxSharedPoll)
 }
 
 // bufferWriter is the http.ResponseWriter a shared poll's answer is buffered in, up to

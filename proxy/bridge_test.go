@@ -533,3 +533,41 @@ func TestBridgePollQueryNotShared(t *testing.T) {
 		t.Errorf("plain poll got %q with Core asked %d times, want Core's plain answer (asked 3 times)", got, asked.Load())
 	}
 }
+
+// TestBridgedPollCoreBrokeOff: Core's answer to a bridged poll that breaks off, or is
+// larger than the proxy buffers, reaches no client in part: each gets 502 in Core's
+// error format (nothing was sent yet), counted 502 with Core's error, never 499 as if
+// the client had left.
+func TestBridgedPollCoreBrokeOff(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/file/cut":
+			w.Header().Set("Content-Length", "200")
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, `{"data_id":"cut","scan_results":{`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // the connection ends 100-odd bytes short
+		case "/file/big":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(bytes.Repeat([]byte(" "), maxSharedPoll+1))
+		}
+	})
+	front, reg := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	c := newClient(t)
+	for _, tc := range []struct{ id, msg string }{{"cut", "broke off"}, {"big", "larger than the proxy relays"}} {
+		resp, err := c.Get(front + "/file/" + tc.id)
+		if err != nil {
+			t.Fatalf("GET /file/%s: %v, want an answer", tc.id, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), tc.msg) || !strings.HasPrefix(string(body), `{"err":`) {
+			t.Errorf("GET /file/%s = %d %q, want 502 with {\"err\": ...%s...}", tc.id, resp.StatusCode, body, tc.msg)
+		}
+	}
+	waitMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "502"}, 2)
+	if got := metricValue(t, reg, "mdproxy_requests_total", map[string]string{"route": "file_result", "code": "499"}); got != 0 {
+		t.Errorf("requests_total{code=499} = %v, want 0: the clients did not leave", got)
+	}
+	waitMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "reset"}, 1)
+}
