@@ -124,6 +124,7 @@ type Options struct {
 // is safe for concurrent use and runs no goroutine. Create it with New.
 type Bridge struct {
 	base       string // CallbackURL without a trailing slash
+	basePath   string // its path, without a trailing slash: "" or "/a/b"
 	store      Store
 	refresh    time.Duration
 	pendingTTL time.Duration
@@ -219,6 +220,7 @@ func New(o Options) (*Bridge, error) {
 	}
 	b := &Bridge{
 		base:       strings.TrimRight(o.CallbackURL, "/"),
+		basePath:   strings.TrimRight(u.Path, "/"),
 		store:      o.Store,
 		refresh:    cmpOr(o.Refresh, DefaultRefresh),
 		pendingTTL: cmpOr(o.PendingTTL, DefaultPendingTTL),
@@ -656,7 +658,9 @@ func (b *Bridge) Callbacks() map[string]float64 {
 	}
 }
 
-// Handler is the callback listener's http.Handler: POST /callback/{secret} with a JSON body
+// Handler is the callback listener's http.Handler: POST /callback/{secret} (after the
+// path of CallbackURL, if it has one, or without it, as a proxy in front that takes it
+// off passes it on) with a JSON body
 // whose data_id is the pending id registered with that secret (constant-time comparison of
 // the secret: crypto/subtle; look the secret up so that timing reveals nothing usable,
 // e.g. keep pending entries by the SHA-256 of the secret), body at most MaxCallbackBytes,
@@ -685,7 +689,10 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		b.refuse(w, &b.invalid, http.StatusMethodNotAllowed, "Method not allowed", "method", r.Method)
 		return
 	}
-	secret, ok := strings.CutPrefix(r.URL.Path, CallbackPath)
+	secret, ok := strings.CutPrefix(r.URL.Path, b.basePath+CallbackPath)
+	if !ok && b.basePath != "" {
+		secret, ok = strings.CutPrefix(r.URL.Path, CallbackPath) // a proxy took the base path off
+	}
 	if !ok || secret == "" || strings.Contains(secret, "/") {
 		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "path")
 		return

@@ -889,3 +889,26 @@ func TestPendingAnswersBounded(t *testing.T) {
 		t.Errorf("lastBytes = %d, want %d (p1's and p2's replies)", tb.lastBytes, want)
 	}
 }
+
+// TestCallbackURLWithPath: with a callback URL that has a path, the listener takes
+// Core's callbacks at that path + /callback/{secret} (Core posts there), and at
+// /callback/{secret} (a proxy in front took the path off); nowhere else.
+func TestCallbackURLWithPath(t *testing.T) {
+	tb := newTestBridge(t, Options{CallbackURL: "http://127.0.0.1:9010/mdp/"})
+	srv := httptest.NewServer(tb.Handler())
+	t.Cleanup(srv.Close)
+	if got, want := tb.CallbackPrefix(), "http://127.0.0.1:9010/mdp/callback/"; got != want {
+		t.Fatalf("CallbackPrefix() = %q, want %q", got, want)
+	}
+	for i, prefix := range []string{"/mdp/callback/", "/callback/"} {
+		id := fmt.Sprintf("p%d", i)
+		secret := tb.submit(t, id, alice)
+		if code := send(t, srv, http.MethodPost, "/other/callback/"+secret, bytes.NewReader(finalResult(id))); code != http.StatusNotFound {
+			t.Errorf("callback at /other/callback/: status %d, want 404", code)
+		}
+		if code := send(t, srv, http.MethodPost, prefix+secret, bytes.NewReader(finalResult(id))); code != http.StatusOK {
+			t.Errorf("callback at %s: status %d, want 200", prefix, code)
+		}
+		wantPoll(t, tb.Bridge, id, alice, Stored, finalResult(id))
+	}
+}
