@@ -88,6 +88,23 @@ func (l Limit) filled() Limit {
 	return l
 }
 
+// effective returns l as it acts: filled, with the settings that have no effect set to
+// their zero (Burst and MaxWait without a Rate, ClientWindow without a ClientLimit)
+// and a ClientWindow of 0 as the one second it stands for; two Limits that act alike
+// are equal. A reload keeps a route's bucket when its effective Limit is the same.
+func (l Limit) effective() Limit {
+	l = l.filled()
+	if l.Rate == 0 {
+		l.Burst, l.MaxWait = 0, 0
+	}
+	if l.ClientLimit == 0 {
+		l.ClientWindow = 0
+	} else {
+		l.ClientWindow = l.window()
+	}
+	return l
+}
+
 // Unlimited reports whether l lets every request through at once.
 func (l Limit) Unlimited() bool { return l.Rate == 0 && l.ClientLimit == 0 }
 
@@ -454,7 +471,9 @@ func NewSet(limits map[string]Limit, clock clockwork.Clock, opts ...Option) (*Se
 }
 
 // Update returns a Set for limits (route name to Limit) that keeps, for each route
-// whose Limit is the same as in s (a Burst of 0 and one of ceil(Rate) are the same),
+// whose Limit acts the same as in s (a Burst of 0 and one of ceil(Rate) are the same,
+// and so are two that differ only in a setting without effect, such as ClientWindow
+// without a ClientLimit),
 // s's own Limiter with its tokens, waiting requests and per-client counts, and builds a
 // new, full one for each route whose Limit changed, on s's clock and options (a
 // RedisBucket's state in Redis is kept: it is the route's, whatever its Limit).
@@ -471,7 +490,7 @@ func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err 
 		return nil, nil, err
 	}
 	for route, l := range limits {
-		if old, ok := s.limits[route]; !ok || old.filled() != l.filled() {
+		if old, ok := s.limits[route]; !ok || old.effective() != l.effective() {
 			changed = append(changed, route)
 		}
 	}
@@ -503,7 +522,7 @@ func newSet(limits map[string]Limit, prev *Set, clock clockwork.Clock, opts []Op
 		if l.Unlimited() {
 			continue
 		}
-		if prev != nil && prev.limiters[route] != nil && prev.limits[route].filled() == l.filled() {
+		if prev != nil && prev.limiters[route] != nil && prev.limits[route].effective() == l.effective() {
 			s.limiters[route] = prev.limiters[route]
 			continue
 		}

@@ -769,13 +769,13 @@ func TestSetUpdate(t *testing.T) {
 		"file_result":  {Rate: 1, Burst: 1},   // unchanged: kept
 		"batch_status": {Rate: 10, Burst: 10}, // changed: new and full
 		"file_submit":  {Rate: 3},             // new
-		"stat":         {},                    // changed, still unlimited
+		"stat":         {},                    // no MaxWait: it had no effect without a rate
 		// hash_lookup removed: unlimited
 	})
 	if err != nil {
 		t.Fatalf("Update() = %v, want no error", err)
 	}
-	if want := []string{"batch_status", "file_submit", "hash_lookup", "stat"}; !slices.Equal(changed, want) {
+	if want := []string{"batch_status", "file_submit", "hash_lookup"}; !slices.Equal(changed, want) {
 		t.Errorf("Update() changed = %v, want %v", changed, want)
 	}
 	if got, old := next.Limiter("file_result"), s.Limiter("file_result"); got != old {
@@ -817,10 +817,11 @@ func TestSetUpdate(t *testing.T) {
 		t.Error("old Set's Limiter(hash_lookup) after Update = nil, want its bucket")
 	}
 
-	// Nothing changed (burst 0 is ceil(rate)): every bucket is kept.
+	// Nothing changed (burst 0 is ceil(rate); a client window without a client limit,
+	// a max wait without a rate, have no effect): every bucket is kept.
 	again, changed, err := next.Update(map[string]limiter.Limit{
-		"file_result": {Rate: 1, Burst: 1}, "batch_status": {Rate: 10},
-		"file_submit": {Rate: 3}, "stat": {},
+		"file_result": {Rate: 1, Burst: 1, ClientWindow: 5 * time.Second}, "batch_status": {Rate: 10},
+		"file_submit": {Rate: 3}, "stat": {MaxWait: 2 * time.Second, ClientWindow: time.Minute},
 	})
 	if err != nil || len(changed) != 0 {
 		t.Errorf("Update(same limits) = %v, %v; want no change, no error", changed, err)
@@ -958,5 +959,39 @@ func TestClientSlidingWindow(t *testing.T) {
 		if s.want == limiter.RejectedClient && d.RetryAfter != time.Second {
 			t.Errorf("step %d at +%v: Acquire(%s).RetryAfter = %v, want the window 1s", i+1, s.at, s.client, d.RetryAfter)
 		}
+	}
+}
+
+// TestSetUpdateEffective: a reload changes a route's bucket only when its limit acts
+// differently, not when only a setting without effect moved.
+func TestSetUpdateEffective(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		old, new limiter.Limit
+		changed  bool
+	}{
+		{"client window without a client limit", limiter.Limit{Rate: 0.1, Burst: 1}, limiter.Limit{Rate: 0.1, Burst: 1, ClientWindow: 4 * time.Second}, false},
+		{"client window 0 is one second", limiter.Limit{ClientLimit: 5}, limiter.Limit{ClientLimit: 5, ClientWindow: time.Second}, false},
+		{"burst and max wait without a rate", limiter.Limit{ClientLimit: 5}, limiter.Limit{ClientLimit: 5, Burst: 9, MaxWait: time.Second}, false},
+		{"client window with a client limit", limiter.Limit{ClientLimit: 5}, limiter.Limit{ClientLimit: 5, ClientWindow: 2 * time.Second}, true},
+		{"max wait with a rate", limiter.Limit{Rate: 1}, limiter.Limit{Rate: 1, MaxWait: time.Second}, true},
+		{"dry run", limiter.Limit{Rate: 1}, limiter.Limit{Rate: 1, DryRun: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := limiter.NewSet(map[string]limiter.Limit{"file_result": tc.old}, newClock())
+			if err != nil {
+				t.Fatal(err)
+			}
+			next, changed, err := s.Update(map[string]limiter.Limit{"file_result": tc.new})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(changed) == 1; got != tc.changed {
+				t.Errorf("Update(%+v -> %+v) changed = %v, want changed %v", tc.old, tc.new, changed, tc.changed)
+			}
+			if kept := next.Limiter("file_result") == s.Limiter("file_result"); kept == tc.changed {
+				t.Errorf("Update(%+v -> %+v): bucket kept %v, want %v", tc.old, tc.new, kept, !tc.changed)
+			}
+		})
 	}
 }
