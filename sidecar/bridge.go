@@ -28,13 +28,13 @@ func (c *Config) validateBridge(environ map[string]string) error {
 	var errs envconf.Errors
 	bad := func(name, want string) { errs.Add(envconf.Invalid(environ, EnvPrefix, name, want)) }
 	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{"BRIDGE_LISTEN_ADDR": &c.BridgeListenAddr})
-	if !validListenAddr(c.BridgeListenAddr) {
-		bad("BRIDGE_LISTEN_ADDR", "want a host:port to listen on for Core's callbacks, port 0 to 65535, e.g. 127.0.0.1:9010")
+	if !validListenAddr(c.BridgeListenAddr) || sameListener(c.BridgeListenAddr, c.ListenAddr) || sameListener(c.BridgeListenAddr, c.AdminAddr) {
+		bad("BRIDGE_LISTEN_ADDR", "want a host:port to listen on for Core's callbacks, port 0 to 65535, not the proxy's nor the admin port's, e.g. 127.0.0.1:9010")
 	}
 	if c.BridgeCallbackURL != "" {
 		u, err := url.Parse(c.BridgeCallbackURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || !validURL(c.BridgeCallbackURL, u) {
-			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host, a port of 1 to 65535 if any, and no query, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
+			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host, a port of 1 to 65535 if any, and no query or fragment, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
 		}
 	}
 	for _, t := range []struct {

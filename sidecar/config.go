@@ -88,7 +88,7 @@ type Config struct {
 	LimitsFile string `env:"LIMITS_FILE"`
 
 	// Limits is each route's limit, from MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT,
-	// _CLIENT_LIMIT and _CLIENT_WINDOW; see DefaultLimits.
+	// _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN; see DefaultLimits.
 	Limits map[string]limiter.Limit `env:"-"`
 
 	upstream *url.URL
@@ -262,10 +262,13 @@ func (c *Config) validate(environ map[string]string) error {
 	envconf.EmptyWhenSet(environ, EnvPrefix, map[string]*string{
 		"UPSTREAM_URL": &c.UpstreamURL, "LISTEN_ADDR": &c.ListenAddr, "ADMIN_ADDR": &c.AdminAddr})
 	u, err := url.Parse(c.UpstreamURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || !validURL(c.UpstreamURL, u) {
-		// Named without its password, as /config and the logs show it.
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || !validURL(c.UpstreamURL, u) || u.User != nil {
+		// Named without its password, as /config and the logs show it. A user or
+		// password would not be sent (httputil.ReverseProxy does not take them from
+		// the URL, and Core authenticates each client's request by its apikey): refused
+		// rather than ignored.
 		errs.Add(&envconf.Error{Var: EnvPrefix + "UPSTREAM_URL", Value: redactedURL(c.UpstreamURL),
-			Want: "want an http or https URL with a host and, if any, a port of 1 to 65535, e.g. http://127.0.0.1:8008"})
+			Want: "want an http or https URL with a host, a port of 1 to 65535 if any, and no user or password, e.g. http://127.0.0.1:8008"})
 	} else {
 		c.upstream = u
 	}
@@ -273,7 +276,7 @@ func (c *Config) validate(environ map[string]string) error {
 		bad("LISTEN_ADDR", "want a host:port to listen on, port 0 to 65535, e.g. :8009")
 	}
 	// Port 0 gives each listener a free port of its own: the same address twice is fine.
-	if !validListenAddr(c.AdminAddr) || (c.AdminAddr == c.ListenAddr && !strings.HasSuffix(c.AdminAddr, ":0")) {
+	if !validListenAddr(c.AdminAddr) || sameListener(c.AdminAddr, c.ListenAddr) {
 		bad("ADMIN_ADDR", "want a host:port to listen on, port 0 to 65535, not the proxy's, e.g. :9009")
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {
@@ -346,6 +349,20 @@ func validURL(s string, u *url.URL) bool {
 		}
 	}
 	return true
+}
+
+// sameListener reports whether listening on a and on b (valid listen addresses) would
+// take the same port: the same port other than 0, on the same host or where either is
+// every address (an empty host, 0.0.0.0 or ::). Port 0 gives each listener a free port
+// of its own.
+func sameListener(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	if pa != pb || pa == "0" {
+		return false
+	}
+	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || every(ha) || every(hb)
 }
 
 // validListenAddr reports whether a is host:port with a numeric port of 0 to 65535.

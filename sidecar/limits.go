@@ -20,7 +20,7 @@ import (
 var limitSettings = envconf.Names[limiter.Limit]("")
 
 // routeLimitVars returns the name of every route limit variable: MDPROXY_<ROUTE>_RATE,
-// _BURST, _MAX_WAIT, _CLIENT_LIMIT and _CLIENT_WINDOW of every route.
+// _BURST, _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN of every route.
 func routeLimitVars() []string {
 	var names []string
 	for _, route := range proxy.RouteNames() {
@@ -59,7 +59,7 @@ func readLimitsFile(path string) (vars map[string]string, err error) {
 	for _, name := range slices.Sorted(maps.Keys(vars)) {
 		if !slices.Contains(known, name) {
 			errs.Add(fmt.Errorf("limits file %s: %w", path, &envconf.Error{Var: name, Value: vars[name],
-				Want: "want only route limit variables here, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT or _CLIENT_WINDOW, <ROUTE> a route name in upper case"}))
+				Want: "want only route limit variables here, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW or _DRY_RUN, <ROUTE> a route name in upper case"}))
 			delete(vars, name)
 		}
 	}

@@ -102,6 +102,7 @@ func TestLoadConfigRanges(t *testing.T) {
 		{"MDPROXY_REDIS_URL", "redis://redis:6379/db", `invalid database number: "db"`},
 		{"MDPROXY_REDIS_URL", "redis://:s3cret@redis:port/0", `invalid port ":port" after host`},
 		{"MDPROXY_UPSTREAM_URL", "ftp://u:s3cret@core:8008", "http or https URL"},
+		{"MDPROXY_UPSTREAM_URL", "http://u:s3cret@core:8008", "no user or password"},
 		{"MDPROXY_REDIS_TIMEOUT", "0s", "above 0"},
 		{"MDPROXY_REDIS_TIMEOUT", "50", "above 0"},
 		{"MDPROXY_REPLICAS", "0", "from 1 up"},

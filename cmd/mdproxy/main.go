@@ -86,8 +86,8 @@ Settings are environment variables, not flags; the README's "Configuration" sect
 gives each one's unit, default and meaning. The variables:
 
 ` + cli.Wrap(envconf.Names[sidecar.Config](sidecar.EnvPrefix)) + `
-and each route's limit, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT and
-_CLIENT_WINDOW, where <ROUTE> is one of these route names in upper case:
+and each route's limit, MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT, _CLIENT_LIMIT,
+_CLIENT_WINDOW and _DRY_RUN, where <ROUTE> is one of these route names in upper case:
 
 ` + cli.Wrap(proxy.RouteNames()) + `
 Exit status: 0 after a clean shutdown, 2 on a bad setting or argument, 1 on any
