@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -379,34 +380,52 @@ func TestEarlyRefusalRelayed(t *testing.T) {
 // TestStalledResponseBodyCut is case 4: Core sending the headers and part of a body,
 // then nothing, is cut after the body idle timeout and counted.
 func TestStalledResponseBodyCut(t *testing.T) {
-	release := make(chan struct{})
-	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "100")
-		_, _ = w.Write(make([]byte, 10))
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	})
-	defer close(release)
-	p := startBinary(t, up.URL, map[string]string{"MDPROXY_UPSTREAM_TIMEOUT": "2s", "MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
-	// The proxy had not flushed the 10 bytes (nor the headers) when it cut: the client
-	// sees the connection end, either before the headers or within the body.
-	c := sidecartest.NewClient(t)
-	c.Timeout = safety
-	resp, err := c.Get(p.proxyURL + "/file/x")
-	if err == nil {
-		n, rerr := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if rerr == nil || n == 100 {
-			t.Errorf("reading a body Core stalled = %d bytes, err %v; want the connection cut", n, rerr)
-		}
-	} else if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout") {
-		t.Errorf("GET a body Core stalled: %v; want the proxy to cut it after its idle timeout", err)
+	for _, bridged := range []bool{false, true} {
+		t.Run(map[bool]string{false: "relayed", true: "bridged poll"}[bridged], func(t *testing.T) {
+			release := make(chan struct{})
+			up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "100")
+				_, _ = w.Write(make([]byte, 10))
+				w.(http.Flusher).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			})
+			defer close(release)
+			p := startBinary(t, up.URL, map[string]string{"MDPROXY_UPSTREAM_TIMEOUT": "2s", "MDPROXY_BODY_IDLE_TIMEOUT": "1s",
+				"MDPROXY_BRIDGE": strconv.FormatBool(bridged)})
+			c := sidecartest.NewClient(t)
+			c.Timeout = safety
+			resp, err := c.Get(p.proxyURL + "/file/x")
+			switch {
+			case bridged:
+				// Core's answer is read whole before any of it is sent: the client learns
+				// that it stalled.
+				if err != nil {
+					t.Fatalf("GET a body Core stalled: %v; want 504", err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(body), `"err":"Core's answer made no progress`) {
+					t.Errorf("GET a body Core stalled = %d %q; want 504 in Core's error format", resp.StatusCode, body)
+				}
+			case err == nil:
+				// The proxy had not flushed the 10 bytes (nor the headers) when it cut: the
+				// client sees the connection end, either before the headers or within the
+				// body.
+				n, rerr := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if rerr == nil || n == 100 {
+					t.Errorf("reading a body Core stalled = %d bytes, err %v; want the connection cut", n, rerr)
+				}
+			case errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout"):
+				t.Errorf("GET a body Core stalled: %v; want the proxy to cut it after its idle timeout", err)
+			}
+			waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "core", "route", "file_result"), 1)
+			waitMetricAtLeast(t, p, series("mdproxy_upstream_errors_total", "kind", "timeout", "route", "file_result"), 1)
+		})
 	}
-	waitMetricAtLeast(t, p, series("mdproxy_body_timeouts_total", "peer", "core", "route", "file_result"), 1)
-	waitMetricAtLeast(t, p, series("mdproxy_upstream_errors_total", "kind", "timeout", "route", "file_result"), 1)
 }
 
 // TestStalledReaderCut is case 4's sibling: a client that stops reading its answer is
