@@ -387,7 +387,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cp, ok := canonicalPath(r.URL)
 	if !ok {
 		p.other.refuse(w, r, http.StatusBadRequest,
-			"Invalid path: dot segments (. and ..), encoded slashes, backslashes and NUL bytes are not accepted.")
+			"Invalid path: dot segments (. and ..), encoded slashes, backslashes, NUL bytes and the * target are not accepted.")
 		return
 	}
 	p.routeOf(r.Method, cp).ServeHTTP(w, r)

@@ -62,7 +62,7 @@ func RouteNames() []string {
 // segments dropped, no trailing slash, in lower case (Core on Windows matches paths
 // without regard to case). ok is false for a path whose meaning depends on the server
 // that decodes it: an encoded slash or backslash (%2F, %5C), a backslash, a NUL, or a
-// "." or ".." segment, as written or percent-encoded (%2E). The proxy refuses those with
+// "." or ".." segment, as written or percent-encoded (%2E); and the asterisk-form "*". The proxy refuses those with
 // 400 rather than guess which route Core would see: a server that resolves dot segments
 // (RFC 3986, section 5.2.4) routes "/file/x/.." as "/file", one that does not (the
 // emulator's router) as a poll of the data_id "..". Clients resolve dot segments before
@@ -77,6 +77,12 @@ func canonicalPath(u *url.URL) (p string, ok bool) {
 		return "", false
 	}
 	p = u.Path
+	if p == "*" {
+		// The asterisk-form target is OPTIONS's alone (RFC 9112, section 3.2.4), and
+		// net/http answers OPTIONS * itself: another method's is refused, not sent to
+		// Core as a path it did not give ("/%2A").
+		return "", false
+	}
 	// One pass over the path tells whether it is refused, or must be cleaned or
 	// lower-cased; a client's path nearly always is neither, and is returned as it is.
 	clean, lower := len(p) > 0 && p[0] == '/', true

@@ -147,7 +147,7 @@ func TestAmbiguousPathsRefused(t *testing.T) {
 	base, reg := newTestProxy(t, up, nil)
 	paths := append([]string{
 		"/file/x%2Fy", "/file/x%2fy", "/file/x%5Cy", "/file/x%5cy", `/file\x`,
-		"/file/x%00y", "/%2Ffile/x", "/file%2Fx", "/admin%2F..%2Ffile/x",
+		"/file/x%00y", "/%2Ffile/x", "/file%2Fx", "/admin%2F..%2Ffile/x", "*",
 	}, dotPaths...)
 	for _, p := range paths {
 		t.Run(p, func(t *testing.T) {
@@ -275,7 +275,6 @@ func TestCanonicalPathOddStarts(t *testing.T) {
 		"":          "/",
 		".x/A":      "/.x/a",
 		"file/X":    "/file/x",
-		"*":         "/*",
 		"/File//x/": "/file/x",
 		"/é/X":      "/é/x",
 	} {
@@ -284,7 +283,7 @@ func TestCanonicalPathOddStarts(t *testing.T) {
 			t.Errorf("canonicalPath(%q) = %q, %v, want %q, true", in, got, ok, want)
 		}
 	}
-	for _, in := range []string{".", "..", "./x", "../file/x", "/file/./X", "/a/b/../c"} {
+	for _, in := range []string{".", "..", "./x", "../file/x", "/file/./X", "/a/b/../c", "*"} {
 		if got, ok := canonicalPath(&url.URL{Path: in}); ok || got != "" {
 			t.Errorf("canonicalPath(%q) = %q, %v, want \"\", false (a dot segment)", in, got, ok)
 		}
