@@ -728,12 +728,16 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 }
 
 // isTLS reports whether err comes from the TLS handshake with Core: its certificate not
-// verified, or an alert from Core (e.g. a client certificate refused).
+// verified, or an alert from Core (e.g. a client certificate missing or refused). Over
+// TCP, crypto/tls reports Core's alert as a *net.OpError whose Op is "remote error"
+// around an unexported type (tls.AlertError is QUIC's).
 func isTLS(err error) bool {
 	var cv *tls.CertificateVerificationError
 	var alert tls.AlertError
 	var rec tls.RecordHeaderError
-	return errors.As(err, &cv) || errors.As(err, &alert) || errors.As(err, &rec)
+	var op *net.OpError
+	return errors.As(err, &cv) || errors.As(err, &alert) || errors.As(err, &rec) ||
+		(errors.As(err, &op) && op.Op == "remote error")
 }
 
 // logUpstream logs an upstream error at warn level, at most once a second per route,

@@ -328,8 +328,8 @@ func TestRunTLSToUpstream(t *testing.T) {
 				}
 				return
 			}
-			if code != http.StatusBadGateway || !strings.Contains(body, `"err"`) {
-				t.Errorf("GET proxy /file/x = %d %q, want 502 with Core's error format", code, sidecartest.Short(body))
+			if code != http.StatusBadGateway || !strings.Contains(body, `{"err":"Core could not be reached: TLS handshake failed`) {
+				t.Errorf("GET proxy /file/x = %d %q, want 502 with Core's error format saying the TLS handshake failed", code, sidecartest.Short(body))
 			}
 			if upstreamErrors != 1 {
 				t.Errorf("mdproxy_upstream_errors_total{route=file_result} summed over kinds = %v, want 1", upstreamErrors)
