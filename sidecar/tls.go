@@ -255,6 +255,11 @@ func (r *certReloader) reload() {
 		}
 		cert, err = r.parse(certPEM, keyPEM)
 	}
+	now := r.now()
+	if err == nil && outOfDate(cert, now) != "" && outOfDate(r.cert.Load(), now) == "" {
+		// A step back: clients would refuse it where they take the one held.
+		err = &pairError{name: r.certVar, want: "want a certificate within its validity period: it is " + outOfDate(cert, now)}
+	}
 	log := r.log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -279,6 +284,30 @@ func (r *certReloader) reload() {
 	r.cert.Store(cert)
 	log.Info("certificate renewal loaded", "variable", EnvPrefix+r.certVar, "subject", cert.Leaf.Subject.String(),
 		"serial", cert.Leaf.SerialNumber.String(), "not_after", cert.Leaf.NotAfter)
+	r.warnOutOfDate(log)
+}
+
+// outOfDate says how c is outside its validity period at now ("expired since ...",
+// "not valid before ..."), or "" when it is within it.
+func outOfDate(c *tls.Certificate, now time.Time) string {
+	switch {
+	case now.After(c.Leaf.NotAfter):
+		return "expired since " + c.Leaf.NotAfter.UTC().Format(time.RFC3339)
+	case now.Before(c.Leaf.NotBefore):
+		return "not valid before " + c.Leaf.NotBefore.UTC().Format(time.RFC3339)
+	}
+	return ""
+}
+
+// warnOutOfDate logs a warning when the certificate held is outside its validity
+// period: at start, and when a renewal loads one because the one held was out of date
+// too. Peers that verify it refuse it.
+func (r *certReloader) warnOutOfDate(log *slog.Logger) {
+	c := r.cert.Load()
+	if why := outOfDate(c, r.now()); why != "" {
+		log.Warn("the certificate in use is outside its validity period: peers that verify it refuse it",
+			"variable", EnvPrefix+r.certVar, "subject", c.Leaf.Subject.String(), "why", why)
+	}
 }
 
 // serverTLS returns the TLS configuration of the proxy listener, which serves the
@@ -304,6 +333,7 @@ func (c *Config) listenTLS(l net.Listener, srv *http.Server, log *slog.Logger) n
 		return l
 	}
 	r.log = log
+	r.warnOutOfDate(log)
 	srv.TLSConfig = serverTLS(r)
 	// No HTTP/2: see serverTLS.
 	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
@@ -315,6 +345,7 @@ func (c *Config) listenTLS(l net.Listener, srv *http.Server, log *slog.Logger) n
 func (c *Config) upstreamTLS(log *slog.Logger) *tls.Config {
 	if c.tlsLoaded.client != nil {
 		c.tlsLoaded.client.log = log
+		c.tlsLoaded.client.warnOutOfDate(log)
 	}
 	return c.tlsLoaded.upstream
 }

@@ -163,7 +163,7 @@ func TestCertReloader(t *testing.T) {
 		t.Fatalf("newCertReloader(good pair) error = %v, want nil", err)
 	}
 	const interval = 5 * time.Second
-	now := time.Unix(1_000_000, 0)
+	now := time.Now() // the test certificates are valid from an hour ago for a day
 	r.now = func() time.Time { return now }
 	r.interval = interval
 	r.next.Store(now.Add(interval).UnixNano())
@@ -213,11 +213,43 @@ func TestCertReloader(t *testing.T) {
 		}
 	}
 
+	// A renewal outside its validity period, while the one held is within it: kept,
+	// logged once naming the certificate's variable.
+	for _, c := range []*sidecartest.Leaf{
+		ca.IssueValid(t, "expired", now.Add(-48*time.Hour), now.Add(-24*time.Hour), "127.0.0.1"),
+		ca.IssueValid(t, "not yet", now.Add(time.Hour), now.Add(48*time.Hour), "127.0.0.1"),
+	} {
+		c.WriteTo(t, first.CertFile, first.KeyFile)
+		before := strings.Count(logs.String(), "certificate renewal rejected")
+		for range 2 {
+			now = now.Add(interval)
+			want(c.Cert.Subject.CommonName+" renewal", second)
+		}
+		if n := strings.Count(logs.String(), "certificate renewal rejected") - before; n != 1 || !strings.Contains(logs.String(), "within its validity period") {
+			t.Errorf("%s renewal: %d %q lines, want 1 saying why", c.Cert.Subject.CommonName, n, "certificate renewal rejected")
+		}
+	}
+
 	// A renewal that loads again after bad ones.
 	third := ca.Issue(t, "third", "127.0.0.1")
 	third.WriteTo(t, first.CertFile, first.KeyFile)
 	now = now.Add(interval)
 	want("good renewal after bad ones", third)
+	if strings.Contains(logs.String(), "outside its validity period") {
+		t.Errorf("logs = %s, want no warning of a certificate in use out of date", logs.String())
+	}
+
+	// Once the one held expires, a warning; an expired renewal then loads (no worse),
+	// with the warning again.
+	now = third.Cert.NotAfter.Add(time.Minute)
+	r.warnOutOfDate(r.log)
+	expired := ca.IssueValid(t, "expired too", now.Add(-48*time.Hour), now.Add(-time.Hour), "127.0.0.1")
+	expired.WriteTo(t, first.CertFile, first.KeyFile)
+	now = now.Add(interval)
+	want("expired renewal of an expired certificate", expired)
+	if n := strings.Count(logs.String(), "the certificate in use is outside its validity period"); n != 2 {
+		t.Errorf("%d warnings of a certificate in use out of date, want 2: %s", n, logs.String())
+	}
 }
 
 // tlsUpstream is a stand-in for Core behind HTTPS, with a certificate for core.internal

@@ -78,13 +78,19 @@ type Leaf struct {
 // of the CA's directory.
 func (ca *CA) Issue(t testing.TB, commonName string, hosts ...string) *Leaf {
 	t.Helper()
+	return ca.IssueValid(t, commonName, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), hosts...)
+}
+
+// IssueValid is Issue with the validity period from notBefore to notAfter.
+func (ca *CA) IssueValid(t testing.TB, commonName string, notBefore, notAfter time.Time, hosts ...string) *Leaf {
+	t.Helper()
 	key := newKey(t)
 	ca.n++
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(ca.n),
 		Subject:      pkix.Name{CommonName: commonName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
