@@ -57,6 +57,11 @@ func TestAPICallbackURL(t *testing.T) {
 		{"http://", 400},
 		{"http://:8080/path", 400},
 		{"mailto:core@example.com", 400},
+		{"http://h:99999/x", 400},
+		{"http://h:0/x", 400},
+		{"http://h:/x", 400},
+		{"http://h/ x", 400},
+		{"http://h/x\ty", 400},
 		{"http://127.0.0.1:9/listenback", 200},
 		{"https://hooks.example.com/core", 200},
 	}

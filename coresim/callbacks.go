@@ -8,17 +8,29 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 )
 
-// validCallbackURL reports whether s is a callback URL Core accepts:
-// <http|https>://<host>[:port][/path] (docs/core-api.md, "Callbacks").
+// validCallbackURL reports whether s is a callback URL Core can use:
+// <http|https>://<host>[:port][/path] (docs/core-api.md, "Callbacks"), a port, when
+// given, of 1 to 65535, and only characters a URI holds (no space or control
+// character). A query is let through, as webhook URLs often carry one.
 func validCallbackURL(s string) bool {
 	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return false
+	}
+	if p := u.Port(); p != "" || strings.HasSuffix(u.Host, ":") {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return false
+		}
+	}
+	return !strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f })
 }
 
 // hookStatus is a scan's callback delivery state (GET /file/webhook/{data_id}).
