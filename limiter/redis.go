@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
@@ -165,11 +166,7 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 	if err != nil {
 		return nil, err
 	}
-	b := &RedisBucket{
-		r: r, limit: l, clock: clock, fallback: fallback,
-		routeKey:  r.o.Prefix + "limit:" + route,
-		clientPre: r.o.Prefix + "client:" + route + ":",
-	}
+	b := &RedisBucket{r: r, limit: l, clock: clock, fallback: fallback}
 	if l.Rate > 0 {
 		// Rate 1 per interval: any rate, fractions included, is one emission interval.
 		interval := time.Duration(float64(time.Second) / l.Rate)
@@ -183,7 +180,19 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 	if l.ClientLimit > 0 {
 		b.client = redis_rate.Limit{Rate: l.ClientLimit, Period: l.window(), Burst: l.ClientLimit}
 	}
+	// The keys name the limit they hold the state of, so that a changed limit starts
+	// from a new, full bucket, as a local one does, rather than from the old limit's
+	// debt (after a limit of 0.001/s, up to 1000 s of refusals under a looser one);
+	// every replica with the same limit shares the same keys, and the old ones expire
+	// by their TTL.
+	b.routeKey = r.o.Prefix + "limit:" + route + ":" + limitTag(b.global)
+	b.clientPre = r.o.Prefix + "client:" + route + ":" + limitTag(b.client) + ":"
 	return b, nil
+}
+
+// limitTag names a redis_rate limit in a key: its rate, period in nanoseconds and burst.
+func limitTag(l redis_rate.Limit) string {
+	return fmt.Sprintf("%d/%d/%d", l.Rate, l.Period.Nanoseconds(), l.Burst)
 }
 
 // share is the part of l that one of replicas takes when they decide alone.

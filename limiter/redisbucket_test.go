@@ -197,8 +197,8 @@ func TestRedisFallbackAndBack(t *testing.T) {
 		}
 	}
 	rdb := srv.Client(t)
-	if n, err := rdb.Exists(context.Background(), "rate:mdproxy:limit:file_result").Result(); err != nil || n != 1 {
-		t.Errorf("EXISTS rate:mdproxy:limit:file_result = %d, %v after Redis came back, want 1", n, err)
+	if keys, err := rdb.Keys(context.Background(), "rate:mdproxy:limit:file_result:*").Result(); err != nil || len(keys) != 1 {
+		t.Errorf("KEYS rate:mdproxy:limit:file_result:* = %q, %v after Redis came back, want one key", keys, err)
 	}
 }
 
@@ -402,4 +402,56 @@ func BenchmarkRedisDecision(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRedisUpdateNewBucket: a changed limit starts from a new, full bucket on Redis, as
+// a local one does, for the route and for each client's share: loosening a tight limit
+// never leaves its debt (the old limit's refill time) in force; an unchanged limit
+// keeps its state.
+func TestRedisUpdateNewBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	tight := map[string]limiter.Limit{
+		"hash_lookup": {Rate: 0.001, Burst: 3},
+		"file_result": {Rate: 100, Burst: 100, ClientLimit: 1, ClientWindow: time.Hour},
+	}
+	r := newReplica(t, srv, tight, limiter.RedisOptions{}, nil)
+	ctx := context.Background()
+	drain := func(s *limiter.Set, route, client string) {
+		t.Helper()
+		for i := 0; s.Limiter(route).Acquire(ctx, client).Pass(); i++ {
+			if i > 10 {
+				t.Fatalf("%s: more than 10 requests allowed under a tight limit", route)
+			}
+		}
+	}
+	drain(r.set, "hash_lookup", "")
+	drain(r.set, "file_result", "k1")
+
+	// Unchanged: the same state (still refused), on another replica too.
+	other := newReplica(t, srv, tight, limiter.RedisOptions{}, nil)
+	if d := other.set.Limiter("hash_lookup").Acquire(ctx, ""); d.Outcome != limiter.Rejected {
+		t.Errorf("hash_lookup on another replica with the same limit: %v, want rejected (one shared bucket)", d.Outcome)
+	}
+	same, _, err := r.set.Update(tight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := same.Limiter("hash_lookup").Acquire(ctx, ""); d.Outcome != limiter.Rejected {
+		t.Errorf("hash_lookup after a reload of the same limit: %v, want rejected", d.Outcome)
+	}
+
+	// Loosened: allowed at once.
+	loose, changed, err := r.set.Update(map[string]limiter.Limit{
+		"hash_lookup": {Rate: 100, Burst: 200},
+		"file_result": {Rate: 100, Burst: 100, ClientLimit: 100, ClientWindow: time.Second},
+	})
+	if err != nil || len(changed) != 2 {
+		t.Fatalf("Update = %v, %v; want both routes changed", changed, err)
+	}
+	if d := loose.Limiter("hash_lookup").Acquire(ctx, ""); d.Outcome != limiter.Allowed {
+		t.Errorf("hash_lookup after loosening its limit: %v (retry after %v), want allowed", d.Outcome, d.RetryAfter)
+	}
+	if d := loose.Limiter("file_result").Acquire(ctx, "k1"); d.Outcome != limiter.Allowed {
+		t.Errorf("file_result for k1 after loosening its share: %v (retry after %v), want allowed", d.Outcome, d.RetryAfter)
+	}
 }
