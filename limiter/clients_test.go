@@ -475,3 +475,21 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestShareOfReplicas: in fallback each of N replicas takes rate/N, burst/N (at least
+// 1), and a client's share over a window N times as long, so that the replicas
+// together hold a client to its limit on average even when the limit is below N.
+func TestShareOfReplicas(t *testing.T) {
+	l := Limit{Rate: 100, Burst: 100, ClientLimit: 1, ClientWindow: 2 * time.Second}
+	got := l.share(3)
+	want := Limit{Rate: 100.0 / 3, Burst: 33, ClientLimit: 1, ClientWindow: 6 * time.Second}
+	if got != want {
+		t.Errorf("share(3) of %+v = %+v, want %+v", l, got, want)
+	}
+	if got := (Limit{Rate: 1, Burst: 2, ClientLimit: 5}).share(4); got.Burst != 1 || got.ClientLimit != 5 || got.ClientWindow != 4*time.Second {
+		t.Errorf("share(4) = %+v, want burst 1 and 5 per 4s (the window of 0, 1s, times 4)", got)
+	}
+	if got := l.share(1); got != l {
+		t.Errorf("share(1) = %+v, want the limit itself", got)
+	}
+}

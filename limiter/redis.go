@@ -195,7 +195,12 @@ func limitTag(l redis_rate.Limit) string {
 	return fmt.Sprintf("%d/%d/%d", l.Rate, l.Period.Nanoseconds(), l.Burst)
 }
 
-// share is the part of l that one of replicas takes when they decide alone.
+// share is the part of l that one of replicas takes when they decide alone: the rate
+// and burst divided by replicas (a burst of at least 1), and each client's share
+// spread over a window replicas times as long (its limit kept), so that the replicas
+// together hold a client to ClientLimit per ClientWindow on average, however few
+// requests ClientLimit is; dividing the limit instead rounds up (a limit of 1 stays 1
+// on each replica: replicas times the share).
 func (l Limit) share(replicas int) Limit {
 	if replicas <= 1 {
 		return l
@@ -205,7 +210,7 @@ func (l Limit) share(replicas int) Limit {
 		l.Burst = max(1, l.Burst/replicas)
 	}
 	if l.ClientLimit > 0 {
-		l.ClientLimit = (l.ClientLimit + replicas - 1) / replicas
+		l.ClientWindow = l.window() * time.Duration(replicas)
 	}
 	return l
 }
