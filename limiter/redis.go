@@ -90,6 +90,10 @@ type Redis struct {
 	o    RedisOptions
 	cb   *gobreaker.CircuitBreaker[redisDecision]
 	mode atomic.Int32
+	// lastErr is the last call's error, for the line that says why the limits went
+	// to fallback: no answer, or Redis's own refusal (out of memory, a key of another
+	// type).
+	lastErr atomic.Pointer[string]
 }
 
 // NewRedis returns the shared limits on rdb (a *redis.Client, or any
@@ -142,8 +146,12 @@ func (r *Redis) setMode(s gobreaker.State) {
 		return
 	}
 	if m == ModeFallback {
-		r.o.Logger.Warn("limits in fallback: Redis does not answer, each replica decides alone at its share of each limit",
-			"replicas", r.o.Replicas, "timeout", r.o.Timeout.String(), "retry_every", r.o.RetryEvery.String())
+		why := ""
+		if e := r.lastErr.Load(); e != nil {
+			why = *e
+		}
+		r.o.Logger.Warn("limits in fallback: Redis does not answer or refuses (err), each replica decides alone at its share of each limit",
+			"err", why, "replicas", r.o.Replicas, "timeout", r.o.Timeout.String(), "retry_every", r.o.RetryEvery.String())
 	} else {
 		r.o.Logger.Info("limits shared on Redis again")
 	}
@@ -250,7 +258,14 @@ type redisDecision struct {
 // Redis does not answer within the timeout, or the limits are in fallback, the route's
 // local bucket decides.
 func (b *RedisBucket) Acquire(ctx context.Context, client string) Decision {
-	rd, err := b.r.cb.Execute(func() (redisDecision, error) { return b.decide(ctx, client) })
+	rd, err := b.r.cb.Execute(func() (redisDecision, error) {
+		rd, err := b.decide(ctx, client)
+		if err != nil {
+			msg := err.Error()
+			b.r.lastErr.Store(&msg)
+		}
+		return rd, err
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{Outcome: Canceled}

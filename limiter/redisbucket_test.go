@@ -1,7 +1,9 @@
 package limiter_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -454,4 +456,54 @@ func TestRedisUpdateNewBucket(t *testing.T) {
 	if d := loose.Limiter("file_result").Acquire(ctx, "k1"); d.Outcome != limiter.Allowed {
 		t.Errorf("file_result for k1 after loosening its share: %v (retry after %v), want allowed", d.Outcome, d.RetryAfter)
 	}
+}
+
+// TestRedisFallbackSaysWhy: limits that go to fallback because Redis refuses (a key of
+// another type at the route's key) say Redis's error in the log line, not only that
+// Redis does not answer.
+func TestRedisFallbackSaysWhy(t *testing.T) {
+	srv := redistest.Start(t)
+	var logs lockedBuffer
+	r := newReplica(t, srv, map[string]limiter.Limit{"file_result": {Rate: 1, Burst: 1}},
+		limiter.RedisOptions{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, nil)
+	ctx := context.Background()
+	r.set.Limiter("file_result").Acquire(ctx, "")
+	rdb := srv.Client(t)
+	keys, err := rdb.Keys(ctx, "rate:*limit:file_result:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("KEYS = %q, %v; want the route's key", keys, err)
+	}
+	if err := rdb.Del(ctx, keys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.LPush(ctx, keys[0], "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		r.set.Limiter("file_result").Acquire(ctx, "")
+	}
+	if r.shared.Mode() != limiter.ModeFallback {
+		t.Fatalf("mode = %v after WRONGTYPE answers, want fallback", r.shared.Mode())
+	}
+	if got := logs.String(); !strings.Contains(got, "limits in fallback") || !strings.Contains(got, "WRONGTYPE") {
+		t.Errorf("logs = %s, want the fallback line with Redis's WRONGTYPE error", got)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
