@@ -121,19 +121,40 @@ func newClientCounter(window time.Duration, keysMax int, clock clockwork.Clock, 
 }
 
 // allow decides whether a request of key at now fits in limit requests per window, and
-// counts it when it does; counted is the window it was counted in (for giveBack). The
-// caller serializes allow for one share (Bucket.mu), so that the look and the count are
-// one step.
-func (c *clientCounter) allow(key string, now time.Time, limit int) (counted time.Time, ok bool) {
+// counts it when it does; counted is the window it was counted in (for giveBack). A
+// request refused gets retry, how long until one would fit (see retryIn). The caller
+// serializes allow for one share (Bucket.mu), so that the look and the count are one
+// step.
+func (c *clientCounter) allow(key string, now time.Time, limit int) (counted time.Time, ok bool, retry time.Duration) {
 	cur := now.UTC().Truncate(c.window)
 	curCount, prevCount, _ := c.Get(key, cur, cur.Add(-c.window))
 	elapsed := now.Sub(cur)
 	rate := float64(prevCount)*float64(c.window-elapsed)/float64(c.window) + float64(curCount)
 	if int(math.Round(rate))+1 > limit {
-		return cur, false
+		return cur, false, c.retryIn(elapsed, curCount, prevCount, limit)
 	}
 	_ = c.IncrementBy(key, cur, 1)
-	return cur, true
+	return cur, true, 0
+}
+
+// retryIn is how long after now, elapsed into its window, a key with curCount requests
+// in that window and prevCount in the one before first fits in limit again, with no
+// request meanwhile: the sliding estimate prev*(window-elapsed)/window + cur must fall
+// below limit-0.5 (allow rounds it). Within the window the previous count's weight
+// fades; if the current count alone is too many, the next window starts with it as its
+// previous count, which fades in turn. A Retry-After of one window would be early by up
+// to a window (RFC 9110, section 10.2.3: how long the client ought to wait).
+func (c *clientCounter) retryIn(elapsed time.Duration, curCount, prevCount, limit int) time.Duration {
+	w := float64(c.window)
+	room := float64(limit) - 0.5
+	if float64(curCount) < room {
+		// prev*(w-e)/w + cur < room  <=>  e > w*(1 - (room-cur)/prev)
+		at := w * (1 - (room-float64(curCount))/float64(prevCount))
+		return max(time.Duration(math.Ceil(at))-elapsed, time.Nanosecond)
+	}
+	// In the next window: cur*(w-e')/w < room  <=>  e' > w*(1 - room/cur).
+	at := w * (1 - room/float64(curCount))
+	return c.window - elapsed + time.Duration(math.Ceil(at))
 }
 
 // Increment counts one request of key in currentWindow.

@@ -352,8 +352,9 @@ func (b *Bucket) reserve(now time.Time, client string) (Decision, *waiter) {
 	var counted time.Time // the per-client window this request is counted in
 	if b.clients != nil {
 		var ok bool
-		if counted, ok = b.clients.allow(client, now, b.limit.ClientLimit); !ok {
-			return b.refuse(Decision{Outcome: RejectedClient, RetryAfter: b.limit.window()}), nil
+		var retry time.Duration
+		if counted, ok, retry = b.clients.allow(client, now, b.limit.ClientLimit); !ok {
+			return b.refuse(Decision{Outcome: RejectedClient, RetryAfter: retry}), nil
 		}
 	}
 	if b.global == nil {

@@ -504,10 +504,12 @@ func TestClientShare(t *testing.T) {
 				if d.Outcome != limiter.RejectedClient {
 					t.Fatalf("Acquire(%s) #%d = %v, want rejected_client", client, 4+i, d.Outcome)
 				}
-				if d.RetryAfter != window {
-					t.Errorf("Acquire(%s).RetryAfter = %v, want the window %v", client, d.RetryAfter, window)
+				// The 3 requests of this window weigh under 2.5 (limit - 0.5, as allow
+				// rounds) a sixth into the next: a window and 10 minutes.
+				if want := window + 10*time.Minute; d.RetryAfter != want {
+					t.Errorf("Acquire(%s).RetryAfter = %v, want %v", client, d.RetryAfter, want)
 				}
-				if got, want := d.RetryAfterSeconds(), 3600; got != want {
+				if got, want := d.RetryAfterSeconds(), 4200; got != want {
 					t.Errorf("Acquire(%s).RetryAfterSeconds() = %d, want %d", client, got, want)
 				}
 			}
@@ -521,8 +523,8 @@ func TestClientShare(t *testing.T) {
 			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
 		}
 		d := acquire(b, "a")
-		if d.Outcome != limiter.RejectedClient || d.RetryAfter != time.Second {
-			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1s", d)
+		if d.Outcome != limiter.RejectedClient || d.RetryAfter != 1500*time.Millisecond {
+			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1.5s (the next window, once its request weighs under 0.5)", d)
 		}
 		// Two seconds later the first request weighs nothing: the window is a second.
 		clock.Advance(2 * time.Second)
@@ -927,28 +929,32 @@ func TestOutcomes(t *testing.T) {
 func TestClientSlidingWindow(t *testing.T) {
 	clock := newClock() // epoch starts a window
 	b := mustBucket(t, limiter.Limit{ClientLimit: 2, ClientWindow: time.Second}, clock)
+	// retry is a refusal's Retry-After: until the estimate falls under 1.5 (2 - 0.5, as
+	// the count rounds), when the next request fits.
 	steps := []struct {
 		at     time.Duration // since epoch
 		client string
 		want   limiter.Outcome
+		retry  time.Duration
 	}{
-		{0, "a", limiter.Allowed},
-		{0, "a", limiter.Allowed},
-		{0, "a", limiter.RejectedClient}, // the third in the window
-		{0, "b", limiter.Allowed},        // clients are counted apart
-		{999 * time.Millisecond, "a", limiter.RejectedClient},
+		{0, "a", limiter.Allowed, 0},
+		{0, "a", limiter.Allowed, 0},
+		{0, "a", limiter.RejectedClient, 1250 * time.Millisecond}, // the third in the window
+		{0, "b", limiter.Allowed, 0},                              // clients are counted apart
+		{999 * time.Millisecond, "a", limiter.RejectedClient, 251 * time.Millisecond},
 		// Next window: a's 2 requests weigh 2 at its start, 1.5 a quarter in (rounded
 		// to 2, as httprate rounds), 1 halfway: room for one more.
-		{time.Second, "a", limiter.RejectedClient},
-		{1250 * time.Millisecond, "a", limiter.RejectedClient},
-		{1500 * time.Millisecond, "a", limiter.Allowed},
-		{1500 * time.Millisecond, "a", limiter.RejectedClient}, // 1 + 1 counted in this window
-		{1500 * time.Millisecond, "b", limiter.Allowed},        // b's 1 weighs 0.5, rounded to 1
-		{1500 * time.Millisecond, "b", limiter.RejectedClient},
+		{time.Second, "a", limiter.RejectedClient, 250 * time.Millisecond},
+		{1250 * time.Millisecond, "a", limiter.RejectedClient, time.Nanosecond},
+		{1500 * time.Millisecond, "a", limiter.Allowed, 0},
+		{1500 * time.Millisecond, "a", limiter.RejectedClient, 250 * time.Millisecond}, // 1 + 1 counted in this window
+		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                              // b's 1 weighs 0.5, rounded to 1
+		{1500 * time.Millisecond, "b", limiter.RejectedClient, time.Nanosecond},
+		{1750*time.Millisecond + time.Nanosecond, "a", limiter.Allowed, 0}, // its Retry-After later
 		// Two windows after its last request a client's count weighs nothing.
-		{3 * time.Second, "a", limiter.Allowed},
-		{3 * time.Second, "a", limiter.Allowed},
-		{3 * time.Second, "a", limiter.RejectedClient},
+		{4 * time.Second, "a", limiter.Allowed, 0},
+		{4 * time.Second, "a", limiter.Allowed, 0},
+		{4 * time.Second, "a", limiter.RejectedClient, 1250 * time.Millisecond},
 	}
 	for i, s := range steps {
 		clock.Advance(s.at - clock.Since(epoch))
@@ -956,8 +962,8 @@ func TestClientSlidingWindow(t *testing.T) {
 		if d.Outcome != s.want {
 			t.Fatalf("step %d at +%v: Acquire(%s) = %+v, want %v", i+1, s.at, s.client, d, s.want)
 		}
-		if s.want == limiter.RejectedClient && d.RetryAfter != time.Second {
-			t.Errorf("step %d at +%v: Acquire(%s).RetryAfter = %v, want the window 1s", i+1, s.at, s.client, d.RetryAfter)
+		if s.want == limiter.RejectedClient && d.RetryAfter != s.retry {
+			t.Errorf("step %d at +%v: Acquire(%s).RetryAfter = %v, want %v", i+1, s.at, s.client, d.RetryAfter, s.retry)
 		}
 	}
 }
@@ -993,5 +999,36 @@ func TestSetUpdateEffective(t *testing.T) {
 				t.Errorf("Update(%+v -> %+v): bucket kept %v, want %v", tc.old, tc.new, kept, !tc.changed)
 			}
 		})
+	}
+}
+
+// TestClientRetryAfterHonoured: a client refused by its share that waits the
+// Retry-After it got (whole seconds, as sent) gets through, wherever in the window its
+// requests fell; one that waits a second less does not, when Retry-After is over a
+// second.
+func TestClientRetryAfterHonoured(t *testing.T) {
+	for _, phase := range []time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond, 2500 * time.Millisecond, 2999 * time.Millisecond} {
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{ClientLimit: 2, ClientWindow: 3 * time.Second}, clock)
+		clock.Advance(phase)
+		acquire(b, "a")
+		acquire(b, "a")
+		d := acquire(b, "a")
+		if d.Outcome != limiter.RejectedClient {
+			t.Fatalf("phase %v: third request %v, want rejected_client", phase, d.Outcome)
+		}
+		wait := time.Duration(d.RetryAfterSeconds()) * time.Second
+		if wait > time.Second {
+			clock.Advance(wait - time.Second)
+			if e := acquire(b, "a"); e.Outcome != limiter.RejectedClient {
+				t.Errorf("phase %v: a second before Retry-After %v: %v, want rejected_client (Retry-After not later than needed)", phase, wait, e.Outcome)
+			}
+			clock.Advance(time.Second)
+		} else {
+			clock.Advance(wait)
+		}
+		if e := acquire(b, "a"); e.Outcome != limiter.Allowed {
+			t.Errorf("phase %v: after Retry-After %v: %v, want allowed", phase, wait, e.Outcome)
+		}
 	}
 }
