@@ -948,7 +948,7 @@ func TestClientSlidingWindow(t *testing.T) {
 		{1250 * time.Millisecond, "a", limiter.RejectedClient, time.Nanosecond},
 		{1500 * time.Millisecond, "a", limiter.Allowed, 0},
 		{1500 * time.Millisecond, "a", limiter.RejectedClient, 250 * time.Millisecond}, // 1 + 1 counted in this window
-		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                              // b's 1 weighs 0.5, rounded to 1
+		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                             // b's 1 weighs 0.5, rounded to 1
 		{1500 * time.Millisecond, "b", limiter.RejectedClient, time.Nanosecond},
 		{1750*time.Millisecond + time.Nanosecond, "a", limiter.Allowed, 0}, // its Retry-After later
 		// Two windows after its last request a client's count weighs nothing.
