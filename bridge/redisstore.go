@@ -283,10 +283,11 @@ func (s *RedisStore) Put(dataID string, r Result) {
 		}
 		return nil
 	})
+	ok := s.done(err) // Redis's state is recorded for every call
 	if !keep {
 		return
 	}
-	if !s.done(err) {
+	if !ok {
 		l, lerr := s.localStore()
 		if lerr != nil {
 			s.log.Error("bridge: a result Redis did not take is lost", "err", lerr.Error())

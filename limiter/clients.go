@@ -129,32 +129,49 @@ func (c *clientCounter) allow(key string, now time.Time, limit int) (counted tim
 	cur := now.UTC().Truncate(c.window)
 	curCount, prevCount, _ := c.Get(key, cur, cur.Add(-c.window))
 	elapsed := now.Sub(cur)
-	rate := float64(prevCount)*float64(c.window-elapsed)/float64(c.window) + float64(curCount)
-	if int(math.Round(rate))+1 > limit {
+	if !c.fits(elapsed, curCount, prevCount, limit) {
 		return cur, false, c.retryIn(elapsed, curCount, prevCount, limit)
 	}
 	_ = c.IncrementBy(key, cur, 1)
 	return cur, true, 0
 }
 
+// fits reports whether one more request fits in limit at elapsed into a window that
+// holds curCount requests after prevCount in the window before: the sliding estimate
+// prev*(window-elapsed)/window + cur, rounded as httprate rounds it, plus one, is at
+// most limit.
+func (c *clientCounter) fits(elapsed time.Duration, curCount, prevCount, limit int) bool {
+	rate := float64(prevCount)*float64(c.window-elapsed)/float64(c.window) + float64(curCount)
+	return int(math.Round(rate))+1 <= limit
+}
+
 // retryIn is how long after now, elapsed into its window, a key with curCount requests
 // in that window and prevCount in the one before first fits in limit again, with no
 // request meanwhile: the sliding estimate prev*(window-elapsed)/window + cur must fall
-// below limit-0.5 (allow rounds it). Within the window the previous count's weight
+// below limit-0.5 (fits rounds it). Within the window the previous count's weight
 // fades; if the current count alone is too many, the next window starts with it as its
-// previous count, which fades in turn. A Retry-After of one window would be early by up
-// to a window (RFC 9110, section 10.2.3: how long the client ought to wait).
+// previous count, which fades in turn. The instant solved for is then checked with fits
+// itself, a nanosecond at a time, since floating point may put it a nanosecond early. A
+// Retry-After of one window would be early by up to half a window (RFC 9110, section
+// 10.2.3: how long the client ought to wait).
 func (c *clientCounter) retryIn(elapsed time.Duration, curCount, prevCount, limit int) time.Duration {
 	w := float64(c.window)
 	room := float64(limit) - 0.5
+	base, cnt, prev := time.Duration(0), curCount, prevCount // the window solved in
+	var at float64
 	if float64(curCount) < room {
 		// prev*(w-e)/w + cur < room  <=>  e > w*(1 - (room-cur)/prev)
-		at := w * (1 - (room-float64(curCount))/float64(prevCount))
-		return max(time.Duration(math.Ceil(at))-elapsed, time.Nanosecond)
+		at = w * (1 - (room-float64(curCount))/float64(prevCount))
+	} else {
+		// The next window: cur*(w-e')/w < room  <=>  e' > w*(1 - room/cur).
+		at = w * (1 - room/float64(curCount))
+		base, cnt, prev = c.window, 0, curCount
 	}
-	// In the next window: cur*(w-e')/w < room  <=>  e' > w*(1 - room/cur).
-	at := w * (1 - room/float64(curCount))
-	return c.window - elapsed + time.Duration(math.Ceil(at))
+	e := max(time.Duration(math.Floor(at))+1, 0)
+	for i := 0; i < 4 && !c.fits(e, cnt, prev, limit); i++ {
+		e++
+	}
+	return max(base+e-elapsed, time.Nanosecond)
 }
 
 // Increment counts one request of key in currentWindow.

@@ -182,7 +182,10 @@ func validSetting(setting, v string) bool {
 	case int:
 		return x >= 0
 	case time.Duration:
-		return x >= 0
+		if setting == "MAX_WAIT" {
+			return x >= 0 && x <= limiter.MaxMaxWait
+		}
+		return x >= 0 && x <= limiter.MaxClientWindow
 	case bool:
 		return true
 	}

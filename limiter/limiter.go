@@ -49,6 +49,15 @@ const (
 	MaxRate = 1e9
 )
 
+// MaxMaxWait and MaxClientWindow bound a Limit's MaxWait (a day: a request waiting
+// longer for a token has long been given up by its client) and ClientWindow (30 days),
+// so that the tokens a wait brings and a window times the replicas (in fallback) stay
+// far within the arithmetic's range.
+const (
+	MaxMaxWait      = 24 * time.Hour
+	MaxClientWindow = 720 * time.Hour
+)
+
 // Limit is the budget of one route.
 //
 // The zero Limit allows everything: no global bucket, no per-client share.
@@ -89,9 +98,8 @@ func (l Limit) filled() Limit {
 }
 
 // effective returns l as it acts: filled, with the settings that have no effect set to
-// their zero (Burst and MaxWait without a Rate, ClientWindow without a ClientLimit)
-// and a ClientWindow of 0 as the one second it stands for; two Limits that act alike
-// are equal. A reload keeps a route's bucket when its effective Limit is the same.
+// their zero (Burst and MaxWait without a Rate, ClientWindow without a ClientLimit).
+// A bucket reports it as its Limit.
 func (l Limit) effective() Limit {
 	l = l.filled()
 	if l.Rate == 0 {
@@ -99,7 +107,16 @@ func (l Limit) effective() Limit {
 	}
 	if l.ClientLimit == 0 {
 		l.ClientWindow = 0
-	} else {
+	}
+	return l
+}
+
+// acts returns l's effective form with a ClientWindow of 0 as the one second it stands
+// for: two Limits that act alike are equal. A reload keeps a route's bucket when its
+// limit acts the same.
+func (l Limit) acts() Limit {
+	l = l.effective()
+	if l.ClientLimit > 0 {
 		l.ClientWindow = l.window()
 	}
 	return l
@@ -242,7 +259,7 @@ func NewBucket(l Limit, clock clockwork.Clock, opts ...Option) (*Bucket, error) 
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
-	l = l.filled()
+	l = l.effective() // what Limit reports: the gauges and /config show the limit as it acts
 	b := &Bucket{limit: l, clock: clock}
 	if l.Rate > 0 {
 		// A new bucket starts full: its burst is available at once.
@@ -284,9 +301,9 @@ type fieldError struct{ Var, Want string }
 var wants = map[string]string{
 	"RATE":          "want a number of requests per second >= 0: 0 = no limit, else from 0.00001 (one in 27.8 hours) to 1e9, fractions allowed (e.g. 0.5)",
 	"BURST":         "want a whole number of requests >= 0, at most 2147483647; 0 = ceil(rate), at least 1",
-	"MAX_WAIT":      "want a duration with its unit >= 0 (e.g. 500ms, 2s); 0 = reject at once",
+	"MAX_WAIT":      "want a duration with its unit >= 0, at most 24h (e.g. 500ms, 2s); 0 = reject at once",
 	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0, at most 2147483647; 0 = off",
-	"CLIENT_WINDOW": "want a duration with its unit >= 0 (e.g. 1s, 1m); 0 = 1s",
+	"CLIENT_WINDOW": "want a duration with its unit >= 0, at most 720h (e.g. 1s, 1m); 0 = 1s",
 	"DRY_RUN":       "want true or false; true = decide as the limit would, count would_reject and let every request go on",
 }
 
@@ -301,19 +318,21 @@ func (l Limit) check() []fieldError {
 	if l.Burst < 0 {
 		bad("BURST")
 	}
-	if l.MaxWait < 0 {
+	if l.MaxWait < 0 || l.MaxWait > MaxMaxWait {
 		bad("MAX_WAIT")
 	}
 	if l.ClientLimit < 0 {
 		bad("CLIENT_LIMIT")
 	}
-	if l.ClientWindow < 0 {
+	if l.ClientWindow < 0 || l.ClientWindow > MaxClientWindow {
 		bad("CLIENT_WINDOW")
 	}
 	return errs
 }
 
-// Limit returns the configuration the bucket was built with, Burst filled in.
+// Limit returns the configuration the bucket was built with as it acts: Burst filled
+// in, the settings without effect (Burst and MaxWait without a Rate, ClientWindow
+// without a ClientLimit) at their zero.
 func (b *Bucket) Limit() Limit {
 	if b == nil {
 		return Limit{}
@@ -476,8 +495,9 @@ func NewSet(limits map[string]Limit, clock clockwork.Clock, opts ...Option) (*Se
 // and so are two that differ only in a setting without effect, such as ClientWindow
 // without a ClientLimit),
 // s's own Limiter with its tokens, waiting requests and per-client counts, and builds a
-// new, full one for each route whose Limit changed, on s's clock and options (a
-// RedisBucket's state in Redis is kept: it is the route's, whatever its Limit).
+// new, full one for each route whose Limit changed, on s's clock and options (on
+// Redis, a changed limit has new keys, the old ones expiring; an unchanged one keeps
+// its keys and their state).
 // changed lists, sorted, the routes whose Limit changed, appeared or disappeared. s
 // itself is not changed: requests holding one of its Limiters finish on it. It returns
 // the first invalid limit's error, naming its route, and a nil Set then. Update of a nil
@@ -491,7 +511,7 @@ func (s *Set) Update(limits map[string]Limit) (next *Set, changed []string, err 
 		return nil, nil, err
 	}
 	for route, l := range limits {
-		if old, ok := s.limits[route]; !ok || old.effective() != l.effective() {
+		if old, ok := s.limits[route]; !ok || old.acts() != l.acts() {
 			changed = append(changed, route)
 		}
 	}
@@ -523,7 +543,7 @@ func newSet(limits map[string]Limit, prev *Set, clock clockwork.Clock, opts []Op
 		if l.Unlimited() {
 			continue
 		}
-		if prev != nil && prev.limiters[route] != nil && prev.limits[route].effective() == l.effective() {
+		if prev != nil && prev.limiters[route] != nil && prev.limits[route].acts() == l.acts() {
 			s.limiters[route] = prev.limiters[route]
 			continue
 		}

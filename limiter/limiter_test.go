@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -506,7 +507,7 @@ func TestClientShare(t *testing.T) {
 				}
 				// The 3 requests of this window weigh under 2.5 (limit - 0.5, as allow
 				// rounds) a sixth into the next: a window and 10 minutes.
-				if want := window + 10*time.Minute; d.RetryAfter != want {
+				if want := window + 10*time.Minute + 1; d.RetryAfter != want {
 					t.Errorf("Acquire(%s).RetryAfter = %v, want %v", client, d.RetryAfter, want)
 				}
 				if got, want := d.RetryAfterSeconds(), 4200; got != want {
@@ -523,7 +524,7 @@ func TestClientShare(t *testing.T) {
 			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
 		}
 		d := acquire(b, "a")
-		if d.Outcome != limiter.RejectedClient || d.RetryAfter != 1500*time.Millisecond {
+		if d.Outcome != limiter.RejectedClient || d.RetryAfter != 1500*time.Millisecond+time.Nanosecond {
 			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1.5s (the next window, once its request weighs under 0.5)", d)
 		}
 		// Two seconds later the first request weighs nothing: the window is a second.
@@ -930,7 +931,8 @@ func TestClientSlidingWindow(t *testing.T) {
 	clock := newClock() // epoch starts a window
 	b := mustBucket(t, limiter.Limit{ClientLimit: 2, ClientWindow: time.Second}, clock)
 	// retry is a refusal's Retry-After: until the estimate falls under 1.5 (2 - 0.5, as
-	// the count rounds), when the next request fits.
+	// the count rounds), when the next request fits: a nanosecond past the instant it is
+	// 1.5.
 	steps := []struct {
 		at     time.Duration // since epoch
 		client string
@@ -939,22 +941,22 @@ func TestClientSlidingWindow(t *testing.T) {
 	}{
 		{0, "a", limiter.Allowed, 0},
 		{0, "a", limiter.Allowed, 0},
-		{0, "a", limiter.RejectedClient, 1250 * time.Millisecond}, // the third in the window
-		{0, "b", limiter.Allowed, 0},                              // clients are counted apart
-		{999 * time.Millisecond, "a", limiter.RejectedClient, 251 * time.Millisecond},
+		{0, "a", limiter.RejectedClient, 1250*time.Millisecond + 1}, // the third in the window
+		{0, "b", limiter.Allowed, 0},                                // clients are counted apart
+		{999 * time.Millisecond, "a", limiter.RejectedClient, 251*time.Millisecond + 1},
 		// Next window: a's 2 requests weigh 2 at its start, 1.5 a quarter in (rounded
 		// to 2, as httprate rounds), 1 halfway: room for one more.
-		{time.Second, "a", limiter.RejectedClient, 250 * time.Millisecond},
+		{time.Second, "a", limiter.RejectedClient, 250*time.Millisecond + 1},
 		{1250 * time.Millisecond, "a", limiter.RejectedClient, time.Nanosecond},
 		{1500 * time.Millisecond, "a", limiter.Allowed, 0},
-		{1500 * time.Millisecond, "a", limiter.RejectedClient, 250 * time.Millisecond}, // 1 + 1 counted in this window
-		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                             // b's 1 weighs 0.5, rounded to 1
+		{1500 * time.Millisecond, "a", limiter.RejectedClient, 250*time.Millisecond + 1}, // 1 + 1 counted in this window
+		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                               // b's 1 weighs 0.5, rounded to 1
 		{1500 * time.Millisecond, "b", limiter.RejectedClient, time.Nanosecond},
 		{1750*time.Millisecond + time.Nanosecond, "a", limiter.Allowed, 0}, // its Retry-After later
 		// Two windows after its last request a client's count weighs nothing.
 		{4 * time.Second, "a", limiter.Allowed, 0},
 		{4 * time.Second, "a", limiter.Allowed, 0},
-		{4 * time.Second, "a", limiter.RejectedClient, 1250 * time.Millisecond},
+		{4 * time.Second, "a", limiter.RejectedClient, 1250*time.Millisecond + 1},
 	}
 	for i, s := range steps {
 		clock.Advance(s.at - clock.Since(epoch))
@@ -998,6 +1000,16 @@ func TestSetUpdateEffective(t *testing.T) {
 			if kept := next.Limiter("file_result") == s.Limiter("file_result"); kept == tc.changed {
 				t.Errorf("Update(%+v -> %+v): bucket kept %v, want %v", tc.old, tc.new, kept, !tc.changed)
 			}
+			// What the limit gauges show (rate, burst, max wait) is the limit as it
+			// acts, the same for the kept bucket as for one built from the new settings.
+			fresh, err := limiter.NewBucket(tc.new, newClock())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, want := next.Limit("file_result"), fresh.Limit()
+			if !tc.changed && (got.Rate != want.Rate || got.Burst != want.Burst || got.MaxWait != want.MaxWait) {
+				t.Errorf("Update(%+v -> %+v): Limit = %+v, want %+v (as a bucket of the new limit reports)", tc.old, tc.new, got, want)
+			}
 		})
 	}
 }
@@ -1029,6 +1041,38 @@ func TestClientRetryAfterHonoured(t *testing.T) {
 		}
 		if e := acquire(b, "a"); e.Outcome != limiter.Allowed {
 			t.Errorf("phase %v: after Retry-After %v: %v, want allowed", phase, wait, e.Outcome)
+		}
+	}
+}
+
+// TestClientRetryAfterExact: over random windows, limits and request times, a request
+// refused by its share with RetryAfter r is refused again a nanosecond before r and let
+// through at r: r is exactly when the next request first fits.
+func TestClientRetryAfterExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 300 {
+		window := time.Millisecond + time.Duration(rng.Int64N(int64(10*time.Second)))
+		limit := 1 + rng.IntN(6)
+		clock := newClock()
+		b := mustBucket(t, limiter.Limit{ClientLimit: limit, ClientWindow: window}, clock)
+		for range 40 {
+			clock.Advance(time.Duration(rng.Int64N(int64(window / 2))))
+			d := acquire(b, "a")
+			if d.Outcome != limiter.RejectedClient {
+				continue
+			}
+			if d.RetryAfter > 1 {
+				clock.Advance(d.RetryAfter - 1)
+				if e := acquire(b, "a"); e.Outcome != limiter.RejectedClient {
+					t.Fatalf("trial %d (window %v, limit %d): a nanosecond before RetryAfter %v: %v, want rejected_client", trial, window, limit, d.RetryAfter, e.Outcome)
+				}
+				clock.Advance(1)
+			} else {
+				clock.Advance(d.RetryAfter)
+			}
+			if e := acquire(b, "a"); e.Outcome != limiter.Allowed {
+				t.Fatalf("trial %d (window %v, limit %d): at RetryAfter %v: %v, want allowed", trial, window, limit, d.RetryAfter, e.Outcome)
+			}
 		}
 	}
 }

@@ -169,7 +169,7 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
-	l = l.filled()
+	l = l.effective()
 	fallback, err := NewBucket(l.share(r.o.Replicas), clock, opts...)
 	if err != nil {
 		return nil, err

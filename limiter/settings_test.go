@@ -184,6 +184,8 @@ func TestParseLimitsErrors(t *testing.T) {
 		{"MDPROXY_FILE_RESULT_BURST", "1.5", "want a whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_BURST", "-1", "whole number of requests >= 0"},
 		{"MDPROXY_FILE_RESULT_BURST", "2147483648", "at most 2147483647"},
+		{"MDPROXY_FILE_RESULT_MAX_WAIT", "25h", "at most 24h"},
+		{"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "721h", "at most 720h"},
 		{"MDPROXY_HASH_LOOKUP_CLIENT_LIMIT", "2147483648", "at most 2147483647"},
 		{"MDPROXY_FILE_RESULT_MAX_WAIT", "2", "want a duration with its unit"},
 		{"MDPROXY_FILE_RESULT_MAX_WAIT", "soon", "want a duration with its unit"},

@@ -329,7 +329,7 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		// Only the answer to the plain question is the result to store: one to a query
 		// may be a part of it.
 		rt.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
-	case f.status == http.StatusNotFound:
+	case f.status == http.StatusNotFound && r.URL.RawQuery == "" && !r.URL.ForceQuery:
 		rt.bridge.Gone(id, owner) // no callback will come for a scan Core lost
 	}
 	return f

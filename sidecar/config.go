@@ -249,7 +249,7 @@ var configWants = map[string]string{
 	"STORE_TTL":             "want a duration with its unit above 0 (e.g. 24h)",
 	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":         "want a duration with its unit above 0 (e.g. 50ms)",
-	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up (e.g. 2)",
+	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -358,10 +358,15 @@ func validURL(s string, u *url.URL) bool {
 func sameListener(a, b string) bool {
 	ha, pa, _ := net.SplitHostPort(a)
 	hb, pb, _ := net.SplitHostPort(b)
-	if pa != pb || pa == "0" {
+	na, erra := strconv.Atoi(pa)
+	nb, errb := strconv.Atoi(pb)
+	if erra != nil || errb != nil || na != nb || na == 0 {
 		return false
 	}
-	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	every := func(h string) bool {
+		ip, err := netip.ParseAddr(h)
+		return h == "" || (err == nil && ip.IsUnspecified())
+	}
 	return ha == hb || every(ha) || every(hb)
 }
 

@@ -164,6 +164,9 @@ func literalErrors(data []byte) []*envconf.Error {
 			continue // godotenv refused the file already
 		}
 		key, value := strings.TrimSpace(line[:k]), strings.TrimSpace(line[k+1:])
+		if !strings.HasPrefix(value, `"`) && !strings.HasPrefix(value, "'") {
+			value, _, _ = strings.Cut(value, " #") // an unquoted value's comment, as godotenv drops it
+		}
 		switch at, seen := first[key]; {
 		case seen:
 			errs = append(errs, &envconf.Error{Var: key, Value: value,

@@ -17,6 +17,10 @@ import (
 
 // validateRedis checks MDPROXY_REDIS_URL, MDPROXY_REDIS_TIMEOUT and MDPROXY_REPLICAS,
 // and keeps the parsed URL. A bad URL is named without its value's password.
+// maxReplicas bounds MDPROXY_REPLICAS: far more replicas than share one Core, and a
+// client window times it (the fallback's share) stays within a time.Duration.
+const maxReplicas = 1000
+
 func (c *Config) validateRedis(environ map[string]string) error {
 	var errs envconf.Errors
 	bad := func(name, want string) { errs.Add(envconf.Invalid(environ, EnvPrefix, name, want)) }
@@ -42,7 +46,7 @@ func (c *Config) validateRedis(environ map[string]string) error {
 	if c.RedisTimeout <= 0 {
 		bad("REDIS_TIMEOUT", configWants["REDIS_TIMEOUT"])
 	}
-	if c.Replicas < 1 {
+	if c.Replicas < 1 || c.Replicas > maxReplicas {
 		bad("REPLICAS", configWants["REPLICAS"])
 	}
 	return errs.Err()
