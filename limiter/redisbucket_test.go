@@ -1,7 +1,6 @@
 package limiter_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/mdproxy/mdproxy/internal/redistest"
 	"github.com/mdproxy/mdproxy/limiter"
+	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // The tests of RedisBucket run against a real redis-server (internal/redistest): the
@@ -463,7 +463,7 @@ func TestRedisUpdateNewBucket(t *testing.T) {
 // Redis does not answer.
 func TestRedisFallbackSaysWhy(t *testing.T) {
 	srv := redistest.Start(t)
-	var logs lockedBuffer
+	var logs sidecartest.LogBuffer
 	r := newReplica(t, srv, map[string]limiter.Limit{"file_result": {Rate: 1, Burst: 1}},
 		limiter.RedisOptions{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, nil)
 	ctx := context.Background()
@@ -488,22 +488,4 @@ func TestRedisFallbackSaysWhy(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "limits in fallback") || !strings.Contains(got, "WRONGTYPE") {
 		t.Errorf("logs = %s, want the fallback line with Redis's WRONGTYPE error", got)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
