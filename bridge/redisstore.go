@@ -90,9 +90,9 @@ type RedisStore struct {
 	now        func() time.Time // for Len and Bytes
 
 	// local holds the results Put could not write to Redis; nil until the first.
-	local     atomic.Pointer[MemoryStore]
-	localOnce sync.Mutex // held while local is made
-	closed    bool       // Close was called: local is closed as soon as it is made
+	local   atomic.Pointer[MemoryStore]
+	localMu sync.Mutex // held while local is made, and by Close
+	closed  bool       // Close was called: local is closed as soon as it is made
 
 	down         atomic.Bool  // the last call failed without an answer of Redis
 	failures     atomic.Int64 // calls that failed, since the start
@@ -304,8 +304,8 @@ func (s *RedisStore) localStore() (*MemoryStore, error) {
 	if l := s.local.Load(); l != nil {
 		return l, nil
 	}
-	s.localOnce.Lock()
-	defer s.localOnce.Unlock()
+	s.localMu.Lock()
+	defer s.localMu.Unlock()
 	if l := s.local.Load(); l != nil {
 		return l, nil
 	}
@@ -324,8 +324,8 @@ func (s *RedisStore) localStore() (*MemoryStore, error) {
 // (see Put), if it was made; the store still answers afterwards. It does not close the
 // Redis client, which is the caller's. Close may be called more than once.
 func (s *RedisStore) Close() {
-	s.localOnce.Lock()
-	defer s.localOnce.Unlock()
+	s.localMu.Lock()
+	defer s.localMu.Unlock()
 	s.closed = true
 	if l := s.local.Load(); l != nil {
 		l.Close()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/textproto"
 	"path"
 	"regexp"
 	"strconv"
@@ -46,19 +45,19 @@ const maxSharedPoll = 64 << 20
 
 // submission is a POST /file the bridge registered a callback for.
 type submission struct {
-	callbackURL string // the bridge's, set on the request forwarded to Core
-	secret      string
-	owner       bridge.Owner
+	secret string
+	owner  bridge.Owner
 }
 
-// bridgeSubmission returns, for r, a POST /file without a callbackurl of its own, the
-// callback URL of the bridge's listener that the request forwarded to Core carries (set
-// by the route's Rewrite) and what to record once Core accepts it. A submission that
-// brings its own callbackurl is the client's business: nil. A callbackurl the client
-// names in Connection is a hop-by-hop field that Core never receives (RFC 9110, section
-// 7.6.1): the submission is bridged as one without it.
-func (rt *route) bridgeSubmission(r *http.Request) *submission {
-	if r.Header.Get("callbackurl") != "" && !namedInConnection(r.Header, "callbackurl") {
+// bridgeSubmission gives out, the request forwarded to Core for the POST /file in, the
+// callback URL of the bridge's listener when it has no callbackurl of its own, and
+// returns what to record once Core accepts it; nil for a submission that brings its own
+// callbackurl, the client's business. It runs in the route's Rewrite, on the header as
+// forwarded: httputil.ReverseProxy has removed the hop-by-hop fields, so a callbackurl
+// the client names in Connection, which Core would never receive (RFC 9110, section
+// 7.6.1), is none; and a submission the limit refuses is given no secret.
+func (rt *route) bridgeSubmission(out, in *http.Request) *submission {
+	if out.Header.Get("callbackurl") != "" {
 		return nil
 	}
 	cb, secret, err := rt.bridge.Callback()
@@ -66,20 +65,8 @@ func (rt *route) bridgeSubmission(r *http.Request) *submission {
 		rt.log.Warn("bridge: no callback URL; the submission is forwarded without one", "err", err.Error())
 		return nil
 	}
-	return &submission{callbackURL: cb, secret: secret, owner: rt.ownerOf(r)}
-}
-
-// namedInConnection reports whether h's Connection field lists the field name (any
-// case), as httputil.ReverseProxy reads it to remove hop-by-hop fields.
-func namedInConnection(h http.Header, name string) bool {
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(textproto.TrimString(f), name) {
-				return true
-			}
-		}
-	}
-	return false
+	out.Header["Callbackurl"] = []string{cb}
+	return &submission{secret: secret, owner: rt.ownerOf(in)}
 }
 
 // askWholeAnswer makes h, the header of a request forwarded to Core whose answer the

@@ -44,7 +44,7 @@ type exchange struct {
 	idle   time.Duration   // 0: no idle bound
 	client deadliner       // nil when the ResponseWriter has no deadlines
 	ctx    context.Context // the client's request context
-	sub    *submission     // a POST /file the bridge gave a callback URL; nil otherwise
+	sub    *submission     // a POST /file the bridge gave a callback URL (the Rewrite sets it); nil otherwise
 	batch  *readBatch      // the reads of a large request body; nil: read as they come
 	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
 	// for the exchange, put back by finish; nil: none was taken off.

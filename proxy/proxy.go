@@ -305,11 +305,10 @@ func newRoute(name string, opts Options) *route {
 			}
 			if rt.readsAnswer {
 				askWholeAnswer(pr.Out.Header)
-				// The bridge's callback URL goes on the request forwarded, after the
-				// hop-by-hop fields went, so that a client's "Connection: callbackurl"
-				// cannot take it away while the submission is recorded as bridged.
-				if ex := exchangeOf(pr.In); ex != nil && ex.sub != nil {
-					pr.Out.Header["Callbackurl"] = []string{ex.sub.callbackURL}
+				if rt.submit {
+					if ex := exchangeOf(pr.In); ex != nil {
+						ex.sub = rt.bridgeSubmission(pr.Out, pr.In)
+					}
 				}
 			}
 		},
@@ -475,15 +474,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	var sub *submission
-	if rt.bridge != nil {
-		switch {
-		case rt.polled:
-			rt.servePoll(rec, r)
-			return
-		case rt.submit:
-			sub = rt.bridgeSubmission(r)
-		}
+	if rt.bridge != nil && rt.polled {
+		rt.servePoll(rec, r)
+		return
 	}
 
 	d := rt.acquire(r.Context(), r)
@@ -502,7 +495,6 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.unbindWrites(cc)
 	}
 	rec.ex = ex
-	ex.sub = sub
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 	hasBody := r.Body != nil && r.Body != http.NoBody
 	if hasBody {
