@@ -535,14 +535,18 @@ func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
 // A final result is stored with owner as its Owner, unless the id is pending for another
 // owner or a result of another owner is stored for it: then nothing changes, so that a
 // client polling an id it did not submit (Core let it) cannot take the submitter's place.
-// A body that is not a JSON object in Core's result format is ignored. body is copied.
+// A body that is not a JSON object in Core's result format, or whose data_id is not
+// dataID (compared exactly, as a callback's is), is ignored. body is copied.
 //
 // With a shared store, an id pending there for another owner is kept for it as one
 // pending here. Only a final result for one of this replica's own submissions counts as
 // a callback missed (see Poll): another replica's callbacks are its own business.
 func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType string) {
 	r, err := parseResult(body)
-	if err != nil {
+	if err != nil || r.DataID == nil || *r.DataID != dataID {
+		// Not about dataID (a Core node or a cache in front of it that answered for
+		// another id): neither its result nor its progress, as a callback naming
+		// another id is refused.
 		return
 	}
 	if r.final() {

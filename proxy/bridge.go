@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
@@ -36,12 +39,15 @@ var _ Bridge = (*bridge.Bridge)(nil)
 // learn the data_id: Core answers a small JSON object.
 const maxSubmitAnswer = 1 << 20
 
-// maxSharedPoll bounds Core's answer to a poll that the proxy buffers, to share it
-// between concurrent polls of one data_id and to store it, with the bridge on. A larger
-// answer is not relayed: the waiting clients get 502 and a warning is logged.
-// It is the bridge's cap on a callback too (bridge.DefaultMaxCallbackBytes): a result of
-// that size is beyond anything Core answers for a file.
-const maxSharedPoll = 64 << 20
+// DefaultPollBufferBytes is Options.PollBufferBytes' default: 64 MiB of Core's answers
+// to bridged polls held at once.
+const DefaultPollBufferBytes = 64 << 20
+
+// maxPollError bounds Core's answer to a bridged poll that is not a 200 (an error, its
+// own 503, a 404 for a scan it lost), which the proxy reads whole whatever the budget
+// to decide what the polls waiting on it get: Core answers these with a small JSON
+// object. A larger one gets 502.
+const maxPollError = 1 << 20
 
 // submission is a POST /file the bridge registered a callback for.
 type submission struct {
@@ -116,7 +122,7 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 // redactSecrets is the webhook_status route's ModifyResponse with the bridge on: Core's
 // answer to GET /file/webhook/{data_id} shows the callback URL of a submission, and for a
 // bridged one that URL holds the secret that makes a callback believed. The secret is
-// replaced by "redacted" (as written, or with JSON's escaped slashes); the rest of the
+// replaced by "redacted", however the URL is spelt (secretsPattern); the rest of the
 // answer reaches the client unchanged, its Content-Length adjusted.
 func (rt *route) redactSecrets(resp *http.Response) error {
 	if ce := resp.Header.Get("Content-Encoding"); (ce != "" && !strings.EqualFold(ce, "identity")) || resp.StatusCode == http.StatusPartialContent {
@@ -141,11 +147,20 @@ func (rt *route) redactSecrets(resp *http.Response) error {
 	return nil
 }
 
-// secretsPattern matches the bridge's callback URLs up to their secret, as written and
-// with JSON's escaped slashes; the secret is what follows the first group.
-func secretsPattern(prefix string) *regexp.Regexp {
-	escaped := strings.ReplaceAll(prefix, "/", `\/`)
-	return regexp.MustCompile("(" + regexp.QuoteMeta(prefix) + "|" + regexp.QuoteMeta(escaped) + `)[0-9A-Za-z_-]+`)
+// secretsPattern matches the bridge's callback secrets in Core's webhook status however
+// their URL is spelt: callbackPath (the path of Bridge.CallbackPrefix) in any case, each
+// slash as written, JSON-escaped (\/, \u002f) or percent-encoded (%2F), then the
+// secret, 64 hex digits; the first group is what precedes the secret. The scheme and
+// host are not matched, since Core may spell them otherwise (in upper case, localhost
+// for 127.0.0.1): a client's own callbackurl with that path and a 64-digit token is
+// redacted too, rather than a secret let through.
+func secretsPattern(callbackPath string) *regexp.Regexp {
+	parts := strings.Split(callbackPath, "/")
+	for i, p := range parts {
+		parts[i] = regexp.QuoteMeta(p)
+	}
+	const slash = `(?:/|\\/|\\u002f|%2f)`
+	return regexp.MustCompile(`(?i)(` + strings.Join(parts, slash) + `)[0-9a-f]{64}`)
 }
 
 type readCloser struct {
@@ -153,13 +168,27 @@ type readCloser struct {
 	io.Closer
 }
 
-// servePoll answers GET or HEAD /file/{data_id} with the bridge: a stored result or the
+// bridgedID returns the data_id of a poll the bridge answers: GET or HEAD
+// /file/{data_id} spelt as Core's API writes it (no escape, no empty segment, no
+// trailing slash; the route's name in lower case). Another spelling that routes to
+// file_result (/FILE/{id}, //file/{id}, /file/{id}/, a percent-escape) is Core's to
+// read, and Core on Linux answers 404 to most: it is forwarded as with the bridge off,
+// and the bridge neither answers it from what it knows nor learns from Core's answer
+// (a 404 to /file/{id}/ is not Core losing the scan of {id}).
+func bridgedID(u *url.URL) (string, bool) {
+	id, ok := strings.CutPrefix(u.Path, "/file/")
+	if !ok || id == "" || u.RawPath != "" || strings.Contains(id, "/") {
+		return "", false
+	}
+	return id, true
+}
+
+// servePoll answers GET or HEAD /file/{id} with the bridge: a stored result or the
 // pending answer without asking Core or taking a token; otherwise Core is asked under the
 // route's limit, once for all the concurrent polls of the same data_id by the same owner,
 // and its final answer is stored. A pending id is never answered with the limit answer:
 // when Core may not be asked now, its pending answer stands.
-func (rt *route) servePoll(rec *recorder, r *http.Request) {
-	id := path.Base(r.URL.Path) // as the client spelt it; the routing path is lower-cased
+func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	owner := rt.ownerOf(r)
 	a := rt.bridge.Poll(id, owner)
 	switch a.Source {
@@ -181,14 +210,30 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 	// header fields that could change it away from the question.
 	key := r.Method + " " + id + " " + string(owner[:]) + "?" + r.URL.RawQuery
 	var f *fetched
+	held := false // this poll holds f's buffered answer (bufferHold)
 	for {
-		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(r, id, owner), nil })
+		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, id, owner), nil })
 		f = v.(*fetched)
-		// The poll that asked Core left (and, waiting for a token, gave its turn on):
-		// a poll still here asks again itself.
-		if !f.canceled || r.Context().Err() != nil {
+		if f.leader == rec && f.streamed {
+			// Core's answer went to this client as it came.
+			rec.decide(f.decision)
+			rt.polls[bridge.Miss].Inc()
+			if f.cut {
+				panic(http.ErrAbortHandler) // counted by ServeHTTP (countCut)
+			}
+			return
+		}
+		held = f.hold != nil && (f.leader == rec || f.hold.take())
+		// The poll that asked Core left (and, waiting for a token, gave its turn on),
+		// or took Core's answer alone, or the budget cannot hold the answer for one
+		// more: a poll still here asks again itself.
+		again := f.canceled || f.streamed || (f.hold != nil && !held)
+		if !again || r.Context().Err() != nil {
 			break
 		}
+	}
+	if held {
+		defer f.hold.release()
 	}
 	// Core was not asked after all, or could not answer: its own limit (429, 503), a
 	// failure (5xx, the proxy's 502 or 504), an answer cut short.
@@ -199,8 +244,8 @@ func (rt *route) servePoll(rec *recorder, r *http.Request) {
 	}
 	rec.decide(f.decision) // each poll counts the decision it shares
 	switch {
-	case f.canceled:
-		abort(rec)
+	case f.canceled || f.streamed || (f.hold != nil && !held):
+		abort(rec) // this client left while waiting
 	case a.Source == bridge.Overdue && unanswered:
 		// A file the client submitted: its pending answer, never an error or a 503.
 		rt.polls[bridge.Pending].Inc()
@@ -243,27 +288,35 @@ type ownerMemo struct {
 	owner  bridge.Owner
 }
 
-// fetched is Core's answer to a poll, buffered to be shared by every poll waiting on it.
+// fetched is Core's answer to a poll: buffered to be shared by every poll waiting on it,
+// or, when the budget could not hold it, sent to the poll that asked as it came.
 type fetched struct {
+	leader   *recorder // the poll that asked Core
 	decision limiter.Decision
 	status   int
 	header   http.Header
 	body     []byte
-	aborted  bool // Core's answer broke off, or was too large: each client gets failStatus
-	canceled bool // the poll that asked left first: the others ask again
+	hold     *bufferHold // body's charge to the budget; nil when nothing was buffered
+	aborted  bool        // Core's answer broke off, or was too large: each client gets failStatus
+	canceled bool        // the poll that asked left first: the others ask again
+	streamed bool        // the answer went to leader's client as it came: the others ask again
+	cut      bool        // the streamed answer broke off: leader's connection is cut
 	// failStatus and failMsg answer the polls of an aborted fetch: nothing of Core's
 	// answer was sent yet, so each client learns that it failed.
 	failStatus int
 	failMsg    string
 }
 
-// fetchPoll asks Core about id for owner, under the route's limit, and buffers its
-// answer; a final 200 is stored by the bridge. It follows r's context: the client that
-// asked leaving cancels its wait for a token (its turn given on, issue 9) or its
-// request to Core, and the other polls waiting on it ask again.
-func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *fetched) {
+// fetchPoll asks Core about id for owner, under the route's limit, for the poll rec
+// answers, and buffers its answer within the route's budget (Options.PollBufferBytes);
+// a final 200 is stored by the bridge. A 200 that does not fit the budget goes to rec
+// as it comes instead, stored nowhere, so that the polls of large results held by slow
+// clients cannot take the proxy's memory. It follows r's context: the client that asked
+// leaving cancels its wait for a token (its turn given on, issue 9) or its request to
+// Core, and the other polls waiting on it ask again.
+func (rt *route) fetchPoll(rec *recorder, r *http.Request, id string, owner bridge.Owner) (f *fetched) {
 	ctx := r.Context()
-	f = &fetched{decision: rt.acquire(ctx, r)}
+	f = &fetched{leader: rec, decision: rt.acquire(ctx, r)}
 	if f.decision.Outcome == limiter.Canceled {
 		f.canceled = true
 		return f
@@ -271,14 +324,21 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 	if !f.decision.Pass() {
 		return f
 	}
-	buf := &bufferWriter{header: http.Header{}}
+	buf := &bufferWriter{header: http.Header{}, budget: rt.pollBuffers, leader: rec}
 	ex := newExchange(buf, r, 0)
 	ex.bodyDone = true
+	ex.shared = true
+	buf.ex = ex
 	defer ex.finish()
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {
 				panic(v)
+			}
+			buf.release()
+			if buf.streaming {
+				f.streamed, f.cut = true, true // counted by the leader's ServeHTTP
+				return
 			}
 			f.aborted = true
 			f.failStatus, f.failMsg = http.StatusBadGateway, "Core's answer broke off."
@@ -299,15 +359,22 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 		}
 	}()
 	rt.proxy.ServeHTTP(buf, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)))
+	if buf.streaming {
+		f.streamed = true
+		return f
+	}
 	if ctx.Err() != nil {
+		buf.release()
 		f.canceled = true
 		return f
 	}
 	if buf.tooLarge { // when ReverseProxy returned rather than panicked on it
+		buf.release()
 		rt.tooLarge(f)
 		return f
 	}
 	f.status, f.header, f.body = buf.status, buf.header, buf.body.Bytes()
+	f.hold = &bufferHold{budget: rt.pollBuffers, n: buf.charged, charged: buf.charged, polls: 1}
 	if f.status == 0 {
 		f.status = http.StatusOK
 	}
@@ -322,24 +389,78 @@ func (rt *route) fetchPoll(r *http.Request, id string, owner bridge.Owner) (f *f
 	return f
 }
 
-// tooLarge marks f, whose answer from Core was over maxSharedPoll, as failed: 502 to
-// each poll waiting on it.
+// tooLarge marks f, whose answer from Core was not a 200 and over maxPollError, as
+// failed: 502 to each poll waiting on it.
 func (rt *route) tooLarge(f *fetched) {
 	f.aborted = true
-	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's answer is larger than the proxy relays (%d MiB).", maxSharedPoll>>20)
-	rt.log.Warn("bridge: Core's answer to a poll is larger than the proxy relays; the polls waiting on it get 502", "limit_bytes", maxSharedPoll)
+	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d MiB).", maxPollError>>20)
+	rt.log.Warn("bridge: Core's error answer to a poll is larger than the proxy reads; the polls waiting on it get 502", "limit_bytes", maxPollError)
 }
 
-// bufferWriter is the http.ResponseWriter a shared poll's answer is buffered in, up to
-// maxSharedPoll bytes.
+// bufferHold is the charge of a buffered answer to the route's budget of poll buffers,
+// from its reading until the last poll sharing it has written it: slow clients reading
+// shared answers hold the budget, not more memory. Safe for concurrent use.
+type bufferHold struct {
+	budget  *semaphore.Weighted
+	n       int64 // the answer's bytes
+	mu      sync.Mutex
+	polls   int   // the polls writing it, the one that asked Core among them until it has
+	charged int64 // n while a poll holds it and the budget took it; 0 otherwise
+}
+
+// take makes one more poll a holder of the answer. A poll that comes once every other
+// has let it go charges it anew, and when the budget cannot take it, take returns false:
+// the poll asks Core itself, the answer then sent to it as it comes when still too
+// large for the budget.
+func (h *bufferHold) take() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.polls == 0 && h.charged == 0 && h.n > 0 {
+		if !h.budget.TryAcquire(h.n) {
+			return false
+		}
+		h.charged = h.n
+	}
+	h.polls++
+	return true
+}
+
+// release lets the answer go for one poll; the last one gives its bytes back to the
+// budget.
+func (h *bufferHold) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.polls--
+	if h.polls == 0 && h.charged > 0 {
+		h.budget.Release(h.charged)
+		h.charged = 0
+	}
+}
+
+// bufferWriter is the http.ResponseWriter Core's answer to a shared poll is buffered in,
+// each piece charged to budget. A 200 that the budget cannot take turns it into the
+// leader's own writer: the bytes buffered so far are written to leader, given back to
+// the budget, and the rest goes to leader as it comes, relayed like any answer of Core
+// (ex is the exchange the leader's writes then record). Another status is buffered
+// whatever the budget, up to maxPollError bytes.
 type bufferWriter struct {
-	header   http.Header
-	status   int
-	body     bytes.Buffer
-	tooLarge bool
+	header    http.Header
+	status    int
+	body      bytes.Buffer
+	budget    *semaphore.Weighted
+	charged   int64 // the bytes of body the budget took
+	leader    *recorder
+	ex        *exchange
+	streaming bool // the answer goes to leader
+	tooLarge  bool
 }
 
-func (b *bufferWriter) Header() http.Header { return b.header }
+func (b *bufferWriter) Header() http.Header {
+	if b.streaming {
+		return b.leader.Header() // Core's trailers, after the body
+	}
+	return b.header
+}
 
 func (b *bufferWriter) WriteHeader(code int) {
 	if b.status == 0 && code >= 200 {
@@ -348,18 +469,60 @@ func (b *bufferWriter) WriteHeader(code int) {
 }
 
 func (b *bufferWriter) Write(p []byte) (int, error) {
+	if b.streaming {
+		return b.leader.Write(p)
+	}
 	if b.status == 0 {
 		b.status = http.StatusOK
 	}
-	if b.body.Len()+len(p) > maxSharedPoll {
-		b.tooLarge = true
-		return 0, fmt.Errorf("poll answer over %d bytes", maxSharedPoll)
+	if b.status != http.StatusOK {
+		if b.body.Len()+len(p) > maxPollError {
+			b.tooLarge = true
+			return 0, fmt.Errorf("poll answer over %d bytes", maxPollError)
+		}
+		return b.body.Write(p)
 	}
+	if !b.budget.TryAcquire(int64(len(p))) {
+		if err := b.stream(); err != nil {
+			return 0, err
+		}
+		return b.leader.Write(p)
+	}
+	b.charged += int64(len(p))
 	return b.body.Write(p)
 }
 
-// Flush is a no-op: the answer is sent once buffered.
-func (b *bufferWriter) Flush() {}
+// stream sends what was buffered to the leader, with Core's header, and makes b write
+// the rest there as it comes.
+func (b *bufferWriter) stream() error {
+	b.streaming = true
+	b.leader.ex = b.ex // Core's answer, relayed: each write bounded, a cut classified
+	h := b.leader.Header()
+	for k, v := range b.header {
+		h[k] = v
+	}
+	b.leader.WriteHeader(b.status)
+	_, err := b.leader.Write(b.body.Bytes())
+	b.body = bytes.Buffer{}
+	b.release()
+	return err
+}
+
+// release gives the bytes buffered back to the budget.
+func (b *bufferWriter) release() {
+	if b.charged > 0 {
+		b.budget.Release(b.charged)
+		b.charged = 0
+	}
+}
+
+// Flush sends what was written to the leader's client, once the answer goes there;
+// otherwise the answer is sent once buffered.
+func (b *bufferWriter) Flush() {
+	if b.streaming {
+		_ = http.NewResponseController(b.leader).Flush()
+	}
+}
 
 // writeAnswer writes status and body (its Content-Length set; no body for HEAD), with
 // the Content-Type ct when not nil.

@@ -123,18 +123,26 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 	}
 }
 
-// TestSecretsPattern: the bridge's callback secrets are found as written and with
-// JSON's escaped slashes, and nothing else is touched.
+// TestSecretsPattern: the bridge's callback secrets are found however Core spells their
+// URL (scheme and host in another case or name, slashes escaped by JSON or percent-
+// encoded, a base path), and nothing else is touched.
 func TestSecretsPattern(t *testing.T) {
-	re := secretsPattern("http://127.0.0.1:9010/callback/")
-	for _, tt := range []struct{ in, want string }{
-		{`{"url":"http://127.0.0.1:9010/callback/0123abcd"}`, `{"url":"http://127.0.0.1:9010/callback/redacted"}`},
-		{`{"url":"http:\/\/127.0.0.1:9010\/callback\/0123abcd"}`, `{"url":"http:\/\/127.0.0.1:9010\/callback\/redacted"}`},
-		{`{"url":"http://client.example/callback/0123abcd"}`, `{"url":"http://client.example/callback/0123abcd"}`},
-		{`{"url":"http://127.0.0.1:90100/callback/0123abcd"}`, `{"url":"http://127.0.0.1:90100/callback/0123abcd"}`},
+	const secret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, tt := range []struct{ path, in, want string }{
+		{"/callback/", `{"url":"http://127.0.0.1:9010/callback/` + secret + `"}`, `{"url":"http://127.0.0.1:9010/callback/redacted"}`},
+		{"/callback/", `{"url":"http:\/\/127.0.0.1:9010\/callback\/` + secret + `"}`, `{"url":"http:\/\/127.0.0.1:9010\/callback\/redacted"}`},
+		{"/callback/", `{"url":"http:\u002f\u002f127.0.0.1:9010\u002fcallback\u002F` + secret + `"}`, `{"url":"http:\u002f\u002f127.0.0.1:9010\u002fcallback\u002Fredacted"}`},
+		{"/callback/", `{"url":"HTTP://LOCALHOST:9010/CALLBACK/` + strings.ToUpper(secret) + `"}`, `{"url":"HTTP://LOCALHOST:9010/CALLBACK/redacted"}`},
+		{"/callback/", `{"url":"http://127.0.0.1:9010%2Fcallback%2f` + secret + `"}`, `{"url":"http://127.0.0.1:9010%2Fcallback%2fredacted"}`},
+		{"/hooks/callback/", `{"url":"https://mdproxy.internal/hooks/callback/` + secret + `"}`, `{"url":"https://mdproxy.internal/hooks/callback/redacted"}`},
+		// Not the bridge's: another path, a token that is no secret, a data_id.
+		{"/hooks/callback/", `{"url":"https://mdproxy.internal/callback/` + secret + `"}`, `{"url":"https://mdproxy.internal/callback/` + secret + `"}`},
+		{"/callback/", `{"url":"http://client.example/callback/0123abcd"}`, `{"url":"http://client.example/callback/0123abcd"}`},
+		{"/callback/", `{"data_id":"` + secret[:32] + `","url":"http://client.example/hook"}`, `{"data_id":"` + secret[:32] + `","url":"http://client.example/hook"}`},
 	} {
+		re := secretsPattern(tt.path)
 		if got := string(re.ReplaceAll([]byte(tt.in), []byte("${1}redacted"))); got != tt.want {
-			t.Errorf("redacting %s = %s, want %s", tt.in, got, tt.want)
+			t.Errorf("redacting %s (path %s) = %s, want %s", tt.in, tt.path, got, tt.want)
 		}
 	}
 }
@@ -534,8 +542,8 @@ func TestBridgePollQueryNotShared(t *testing.T) {
 	}
 }
 
-// TestBridgedPollCoreBrokeOff: Core's answer to a bridged poll that breaks off, or is
-// larger than the proxy buffers, reaches no client in part: each gets 502 in Core's
+// TestBridgedPollCoreBrokeOff: Core's answer to a bridged poll that breaks off, or an
+// error answer larger than the proxy reads, reaches no client in part: each gets 502 in Core's
 // error format (nothing was sent yet), counted 502 with Core's error, never 499 as if
 // the client had left.
 func TestBridgedPollCoreBrokeOff(t *testing.T) {
@@ -549,12 +557,13 @@ func TestBridgedPollCoreBrokeOff(t *testing.T) {
 			panic(http.ErrAbortHandler) // the connection ends 100-odd bytes short
 		case "/file/big":
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(bytes.Repeat([]byte(" "), maxSharedPoll+1))
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write(bytes.Repeat([]byte(" "), maxPollError+1))
 		}
 	})
 	front, reg := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
 	c := newClient(t)
-	for _, tc := range []struct{ id, msg string }{{"cut", "broke off"}, {"big", "larger than the proxy relays"}} {
+	for _, tc := range []struct{ id, msg string }{{"cut", "broke off"}, {"big", "larger than the proxy reads"}} {
 		resp, err := c.Get(front + "/file/" + tc.id)
 		if err != nil {
 			t.Fatalf("GET /file/%s: %v, want an answer", tc.id, err)

@@ -45,6 +45,7 @@ type exchange struct {
 	client deadliner       // nil when the ResponseWriter has no deadlines
 	ctx    context.Context // the client's request context
 	sub    *submission     // a POST /file the bridge gave a callback URL (the Rewrite sets it); nil otherwise
+	shared bool            // a poll the bridge sends Core, whose answer it reads and shares (askWholeAnswer)
 	batch  *readBatch      // the reads of a large request body; nil: read as they come
 	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
 	// for the exchange, put back by finish; nil: none was taken off.

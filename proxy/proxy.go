@@ -28,6 +28,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/mdproxy/mdproxy/bridge"
@@ -90,6 +91,14 @@ type Options struct {
 	// batch takes what came. Zero (the zero value) reads every body as its bytes come;
 	// otherwise at least 65536.
 	UploadReadBatch int
+	// PollBufferBytes caps, in bytes, Core's answers to the polls the bridge sends it
+	// that the proxy holds at once: each is read whole, to be shared by the concurrent
+	// polls of its id and stored when final, and held until the last poll sharing it
+	// has written it to its client. A 200 that would pass the cap goes to the poll that
+	// asked as it comes instead, shared with no one and not stored (the others ask Core
+	// themselves), so that large results read by slow clients cannot take the proxy's
+	// memory. Zero means DefaultPollBufferBytes (64 MiB); negative is an error.
+	PollBufferBytes int64
 	// Logger receives errors worth a line. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -120,13 +129,14 @@ type route struct {
 	submit          bool // POST /file: Content-Length required, bridged
 	polled          bool // GET /file/{data_id}: answered by the bridge
 	bridge          Bridge
-	flight          singleflight.Group // one Core request for concurrent polls of an id
+	flight          singleflight.Group  // one Core request for concurrent polls of an id
+	pollBuffers     *semaphore.Weighted // Options.PollBufferBytes, shared by the routes
 	polls           [bridge.Overdue + 1]prometheus.Counter
 	lastOwner       atomic.Pointer[ownerMemo]  // see ownerOf
 	lastCT          atomic.Pointer[[]string]   // see contentType
 	lastCL          atomic.Pointer[lengthMemo] // see contentLength
 	lastRetry       atomic.Pointer[retryMemo]  // see retryAfterValue
-	secrets         *regexp.Regexp             // webhook_status: the bridge's callback URLs
+	secrets         *regexp.Regexp             // webhook_status: the bridge's callback secrets
 	readsAnswer     bool                       // the proxy reads or shares Core's answers (askWholeAnswer)
 	proxy           *httputil.ReverseProxy
 	requests        *codeCounters
@@ -159,8 +169,8 @@ type route struct {
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing,
-// LimitStatus is neither 0, 429 nor 503, or UploadReadBatch is neither 0 nor at least
-// 65536.
+// LimitStatus is neither 0, 429 nor 503, UploadReadBatch is neither 0 nor at least
+// 65536, or PollBufferBytes is negative.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -188,6 +198,13 @@ func New(opts Options) (*Proxy, error) {
 		return nil, fmt.Errorf("proxy: upload read batch of %d bytes: want 0 or at least %d", opts.UploadReadBatch, readBatchMin)
 	}
 	switch {
+	case opts.PollBufferBytes == 0:
+		opts.PollBufferBytes = DefaultPollBufferBytes
+	case opts.PollBufferBytes < 0:
+		return nil, fmt.Errorf("proxy: poll buffer budget of %d bytes: want 0 or more", opts.PollBufferBytes)
+	}
+	pollBuffers := semaphore.NewWeighted(opts.PollBufferBytes)
+	switch {
 	case opts.BodyIdleTimeout == 0:
 		opts.BodyIdleTimeout = 60 * time.Second
 	case opts.BodyIdleTimeout < 0:
@@ -200,8 +217,13 @@ func New(opts Options) (*Proxy, error) {
 		h := newRoute(rt.name, opts)
 		h.submit = rt.name == "submit"
 		h.polled = rt.name == "file_result"
+		h.pollBuffers = pollBuffers
 		if opts.Bridge != nil && rt.name == "webhook_status" {
-			h.secrets = secretsPattern(opts.Bridge.CallbackPrefix())
+			cb, err := url.Parse(opts.Bridge.CallbackPrefix())
+			if err != nil {
+				return nil, fmt.Errorf("proxy: the bridge's callback URL: %w", err)
+			}
+			h.secrets = secretsPattern(cb.Path)
 			h.proxy.ModifyResponse = h.redactSecrets
 		}
 		h.readsAnswer = opts.Bridge != nil && (h.submit || h.polled || h.secrets != nil)
@@ -303,10 +325,10 @@ func newRoute(name string, opts Options) *route {
 			if pr.Out.Header["X-Real-Ip"] != nil && !isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
 				delete(pr.Out.Header, "X-Real-Ip")
 			}
-			if rt.readsAnswer {
+			if ex := exchangeOf(pr.In); rt.readsAnswer && (!rt.polled || (ex != nil && ex.shared)) {
 				askWholeAnswer(pr.Out.Header)
 				if rt.submit {
-					if ex := exchangeOf(pr.In); ex != nil {
+					if ex != nil {
 						ex.sub = rt.bridgeSubmission(pr.Out, pr.In)
 					}
 				}
@@ -475,8 +497,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if rt.bridge != nil && rt.polled {
-		rt.servePoll(rec, r)
-		return
+		if id, ok := bridgedID(r.URL); ok {
+			rt.servePoll(rec, r, id)
+			return
+		}
 	}
 
 	d := rt.acquire(r.Context(), r)
