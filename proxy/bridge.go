@@ -262,8 +262,8 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		for k, v := range f.header {
 			h[k] = v
 		}
-		// Core's trailers were read into the buffer's header, or lost: none follows
-		// an answer sent whole with its length.
+		// Core's trailers are not relayed: none follows an answer sent whole with
+		// its length.
 		delete(h, "Trailer")
 		writeAnswer(rec, r, f.status, nil, f.body)
 	}
@@ -373,10 +373,10 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, id string, owner brid
 		rt.tooLarge(f)
 		return f
 	}
-	f.status, f.header, f.body = buf.status, buf.header, buf.body.Bytes()
+	f.status, f.header, f.body = buf.status, buf.final, buf.body.Bytes()
 	f.hold = &bufferHold{budget: rt.pollBuffers, n: buf.charged, charged: buf.charged, polls: 1}
-	if f.status == 0 {
-		f.status = http.StatusOK
+	if f.status == 0 { // no status and no body written: not from ReverseProxy
+		f.status, f.header = http.StatusOK, buf.header
 	}
 	switch {
 	case f.status == http.StatusOK && r.Method == http.MethodGet && r.URL.RawQuery == "" && !r.URL.ForceQuery:
@@ -444,7 +444,8 @@ func (h *bufferHold) release() {
 // (ex is the exchange the leader's writes then record). Another status is buffered
 // whatever the budget, up to maxPollError bytes.
 type bufferWriter struct {
-	header    http.Header
+	header    http.Header // what ReverseProxy writes: Core's header, then its trailers
+	final     http.Header // Core's header as it was at WriteHeader: the answer's
 	status    int
 	body      bytes.Buffer
 	budget    *semaphore.Weighted
@@ -465,7 +466,15 @@ func (b *bufferWriter) Header() http.Header {
 func (b *bufferWriter) WriteHeader(code int) {
 	if b.status == 0 && code >= 200 {
 		b.status = code
+		b.snapshot()
 	}
+}
+
+// snapshot keeps Core's header as it is at the status: the trailer fields ReverseProxy
+// adds to the header after the body are not header fields (RFC 9110, section 6.5.1),
+// and an answer sent whole has no trailer section.
+func (b *bufferWriter) snapshot() {
+	b.final, b.header = b.header, http.Header{}
 }
 
 func (b *bufferWriter) Write(p []byte) (int, error) {
@@ -474,6 +483,7 @@ func (b *bufferWriter) Write(p []byte) (int, error) {
 	}
 	if b.status == 0 {
 		b.status = http.StatusOK
+		b.snapshot()
 	}
 	if b.status != http.StatusOK {
 		if b.body.Len()+len(p) > maxPollError {
@@ -498,7 +508,7 @@ func (b *bufferWriter) stream() error {
 	b.streaming = true
 	b.leader.ex = b.ex // Core's answer, relayed: each write bounded, a cut classified
 	h := b.leader.Header()
-	for k, v := range b.header {
+	for k, v := range b.final {
 		h[k] = v
 	}
 	b.leader.WriteHeader(b.status)

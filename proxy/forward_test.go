@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -814,12 +815,28 @@ func TestUpstreamResponsesCounted(t *testing.T) {
 // served, forwarded or not, limited or refused.
 func TestChunkedRequestClosesConnection(t *testing.T) {
 	up := &recordingUpstream{}
-	front, _ := newTestProxy(t, up, nil)
+	// Core reads the body (answering an Expect: 100-continue with 100) and, for one
+	// path, sends 103 Early Hints first: ReverseProxy relays each 1xx and then clears
+	// the header map, Connection: close included.
+	core := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.HasPrefix(r.URL.Path, "/file/early") {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		up.ServeHTTP(w, r)
+	})
+	front, _ := newTestProxy(t, core, nil)
 	u, _ := url.Parse(front)
 	for _, first := range []string{
 		"POST /file/batch HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
 		"GET /version HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"GET /file/. HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"POST /file/early/cancel HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		// HTTP/1.0: net/http drops its Transfer-Encoding and frames it by the length.
+		"POST /file/x/cancel HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\nConnection: keep-alive\r\n\r\n4a\r\n",
+		"GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
 	} {
 		conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
 		if err != nil {
@@ -830,9 +847,14 @@ func TestChunkedRequestClosesConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		br := bufio.NewReader(conn)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%q: reading the first answer: %v", first, err)
+		var resp *http.Response
+		for resp == nil || resp.StatusCode < 200 {
+			if resp, err = http.ReadResponse(br, nil); err != nil {
+				t.Fatalf("%q: reading the first answer: %v", first, err)
+			}
+			if resp.StatusCode < 200 && resp.Close {
+				t.Errorf("%q: interim answer %d with Connection: close", first, resp.StatusCode)
+			}
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
@@ -846,7 +868,119 @@ func TestChunkedRequestClosesConnection(t *testing.T) {
 	}
 	for _, r := range up.requests() {
 		if strings.Contains(r, "second") {
-			t.Errorf("the request pipelined after a chunked one reached Core: %q", r)
+			t.Errorf("the request pipelined after a chunked or HTTP/1.0 one reached Core: %q", r)
 		}
+	}
+}
+
+// TestAmbiguousRequestsRefused: what one server reads otherwise than another never
+// reaches Core past the limit: a method of Core's API in another case gets 501, a
+// request with two apikey headers 400 (the share and the bridge read one, Core might
+// read the other), each in Core's error format and counted under route other; the
+// header fields with which some servers take another path or method are not
+// forwarded, nor an empty X-Forwarded-Host for an HTTP/1.0 request without Host.
+func TestAmbiguousRequestsRefused(t *testing.T) {
+	var mu sync.Mutex
+	var seen []*http.Request
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	})
+	front, reg := newTestProxy(t, up, nil)
+	for _, tc := range []struct {
+		head string
+		code int
+	}{
+		{"get /file/x HTTP/1.1\r\n", http.StatusNotImplemented},
+		{"Get /hash/abc HTTP/1.1\r\n", http.StatusNotImplemented},
+		{"pOST /file HTTP/1.1\r\nContent-Length: 0\r\n", http.StatusNotImplemented},
+		{"GET /file/x HTTP/1.1\r\napikey: k1\r\napikey: k2\r\n", http.StatusBadRequest},
+	} {
+		resp, body := rawRequest(t, front, tc.head)
+		if resp.StatusCode != tc.code || !strings.HasPrefix(body, `{"err":`) {
+			t.Errorf("%q = %d %q, want %d in Core's error format", tc.head, resp.StatusCode, body, tc.code)
+		}
+	}
+	checkMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": RouteOther, "code": "501"}, 3)
+	checkMetric(t, reg, "mdproxy_requests_total", map[string]string{"route": RouteOther, "code": "400"}, 1)
+
+	rawRequest(t, front, "GET /version HTTP/1.1\r\nX-Original-URL: /file/x\r\nX-Rewrite-URL: /file/x\r\n"+
+		"X-HTTP-Method-Override: DELETE\r\nX-HTTP-Method: DELETE\r\nX-Method-Override: DELETE\r\napikey: k1\r\n")
+	u, _ := url.Parse(front)
+	conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "GET /version HTTP/1.0\r\n\r\n") // no Host
+	_, _ = io.ReadAll(conn)
+	conn.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 {
+		t.Fatalf("Core got %d requests, want the 2 plain ones", len(seen))
+	}
+	for _, k := range overrideFields {
+		if v := seen[0].Header[k]; v != nil {
+			t.Errorf("Core got %s: %q, want it not forwarded", k, v)
+		}
+	}
+	if got := seen[0].Header.Get("apikey"); got != "k1" {
+		t.Errorf("Core got apikey %q, want k1", got)
+	}
+	if v, ok := seen[1].Header["X-Forwarded-Host"]; ok {
+		t.Errorf("Core got X-Forwarded-Host %q for a request without Host, want none", v)
+	}
+}
+
+// TestStalledUploadIsClients: a client that stops sending its upload gets 408 and is
+// counted a client body timeout, never 502 with Core blamed, even when Core's wait for
+// headers (the upstream timeout) is as long as the body idle timeout: Core waits on the
+// client, whose bound decides.
+func TestStalledUploadIsClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a timeout of 1 s, four times at once")
+	}
+	const timeout = time.Second
+	var got atomic.Int64
+	core := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		got.Add(n)
+		_, _ = io.WriteString(w, `{"data_id":"x"}`)
+	})
+	front, reg := newTestProxy(t, core, func(o *Options) {
+		o.BodyIdleTimeout = timeout
+		o.Transport = upstreamTransport(t, TransportOptions{ResponseHeaderTimeout: timeout, BodyIdleTimeout: timeout})
+	})
+	u, _ := url.Parse(front)
+	const n = 4
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+			_, _ = io.WriteString(conn, "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Errorf("upload %d: %v, want 408", i, err)
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusRequestTimeout {
+				t.Errorf("upload %d stalled by its client = %d %s, want 408", i, resp.StatusCode, body)
+			}
+		})
+	}
+	wg.Wait()
+	checkMetric(t, reg, "mdproxy_body_timeouts_total", map[string]string{"route": "submit", "peer": "client"}, n)
+	if v := metricValue(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit", "kind": "reset"}); v != 0 {
+		t.Errorf("upstream_errors_total{kind=reset} = %v, want 0: Core did nothing wrong", v)
 	}
 }

@@ -436,7 +436,7 @@ func samplePath(pattern string) string {
 // must land in file_result's bucket.
 var pathVariants = []string{
 	"//file/x", "/file//x", "/file/x/", "/FILE/X", "/File/x", "/file/%78", "/%66ile/x",
-	"/file/x;v=1/", "/file/.x",
+	"/file/.x",
 }
 
 // dotPaths are paths with a "." or ".." segment, as written or percent-encoded, which

@@ -296,3 +296,28 @@ func TestBridgePollOtherDataID(t *testing.T) {
 		t.Errorf("poll after the callback = %d %.80q, want the id's own result", resp.StatusCode, body)
 	}
 }
+
+// TestBridgedPollTrailersNotHeaders: Core's trailer fields of a poll's answer, which the
+// bridge reads whole and sends with its length, do not become header fields (RFC 9110,
+// section 6.5.1): the client gets the body and Core's header, no trailer.
+func TestBridgedPollTrailersNotHeaders(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Core", "yes")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(paddedResult("abc", 300))
+		w.Header().Set("X-Checksum", "trailer")
+	})
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	resp, body := do(t, newClient(t), http.MethodGet, front+"/file/abc", nil)
+	if resp.StatusCode != http.StatusOK || body != string(paddedResult("abc", 300)) || resp.Header.Get("X-Core") != "yes" {
+		t.Fatalf("poll = %d %.60q (X-Core %q), want Core's 200, body and header", resp.StatusCode, body, resp.Header.Get("X-Core"))
+	}
+	if v := resp.Header.Values("X-Checksum"); v != nil {
+		t.Errorf("Core's trailer X-Checksum reached the client as a header field: %q", v)
+	}
+	if v := resp.Trailer.Get("X-Checksum"); v != "" {
+		t.Errorf("Core's trailer X-Checksum reached the client as a trailer %q of an answer sent whole", v)
+	}
+}

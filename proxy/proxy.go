@@ -21,6 +21,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -325,6 +326,15 @@ func newRoute(name string, opts Options) *route {
 			if pr.Out.Header["X-Real-Ip"] != nil && !isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
 				delete(pr.Out.Header, "X-Real-Ip")
 			}
+			// The route and the limit were decided on the request line: header
+			// fields with which some servers take another path or method do not
+			// reach Core.
+			for _, k := range overrideFields {
+				delete(pr.Out.Header, k)
+			}
+			if pr.Out.Header["X-Forwarded-Host"] != nil && pr.In.Host == "" {
+				delete(pr.Out.Header, "X-Forwarded-Host") // an HTTP/1.0 request without Host
+			}
 			if ex := exchangeOf(pr.In); rt.readsAnswer && (!rt.polled || (ex != nil && ex.shared)) {
 				askWholeAnswer(pr.Out.Header)
 				if rt.submit {
@@ -387,32 +397,76 @@ func (p *Proxy) SetLimits(l Limits) {
 }
 
 // ServeHTTP routes r by its canonical path and serves it on its route. Before routing,
-// it answers itself, counted under route other: 501 to CONNECT and PRI, and 400 to a
-// path canonicalPath refuses, each in Core's error format. A request framed by
-// Transfer-Encoding gets Connection: close with whatever answer it gets.
+// it answers itself, counted under route other: 501 to CONNECT, PRI and a method of
+// Core's API spelt in another case, 400 to a path canonicalPath refuses and to a
+// request with more than one apikey header, each in Core's error format. A request
+// framed by Transfer-Encoding, or in HTTP/1.0, ends its connection after its answer
+// (CloseAfter).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.TransferEncoding != nil {
-		// A chunked request may have come with a Content-Length too, which net/http
-		// drops before the handler can see it: RFC 9112, section 6.1, wants the
-		// connection closed after the answer, since a proxy in front may have framed
-		// the request by that length (request smuggling). Core's clients send lengths.
+	if CloseAfter(r) {
 		w.Header()["Connection"] = closeValue
 	}
-	if r.Method == http.MethodConnect || r.Method == "PRI" {
-		// Core's API has neither: a CONNECT's authority-form target has no path to
-		// route or forward (it went on as "CONNECT /"), and "PRI * HTTP/2.0" is the
-		// HTTP/2 preface, which mdproxy does not speak in clear text.
-		p.other.refuse(w, r, http.StatusNotImplemented, "Method not implemented: "+r.Method+" is not part of Core's API.")
-		return
+	switch r.Method {
+	case http.MethodGet, http.MethodPost, http.MethodHead:
+	default:
+		if r.Method == http.MethodConnect || r.Method == "PRI" || otherCase(r.Method) {
+			// Core's API has neither of the first two: a CONNECT's authority-form
+			// target has no path to route or forward (it went on as "CONNECT /"), and
+			// "PRI * HTTP/2.0" is the HTTP/2 preface, which mdproxy does not speak in
+			// clear text. Methods are case-sensitive (RFC 9110, section 9.1): "get" is
+			// not GET to mdproxy's routes, and a server that read it as GET would
+			// serve a poll no limit counted.
+			p.other.refuse(w, r, http.StatusNotImplemented, "Method not implemented: "+r.Method+" is not part of Core's API.")
+			return
+		}
 	}
 	cp, ok := canonicalPath(r.URL)
 	if !ok {
 		p.other.refuse(w, r, http.StatusBadRequest,
-			"Invalid path: dot segments (. and ..), encoded slashes, backslashes, NUL bytes and the * target are not accepted.")
+			"Invalid path: dot segments (. and ..), encoded slashes, backslashes, semicolons, NUL bytes and the * target are not accepted.")
+		return
+	}
+	if len(r.Header["Apikey"]) > 1 {
+		// The per-client share and the bridge's owner read one apikey; Core might
+		// read another.
+		p.other.refuse(w, r, http.StatusBadRequest, "Invalid apikey: the header is sent more than once.")
 		return
 	}
 	p.routeOf(r.Method, cp).ServeHTTP(w, r)
 }
+
+// CloseAfter reports whether r's connection must end after its answer (the caller sets
+// Connection: close). A request framed
+// by Transfer-Encoding may have come with a Content-Length too, which net/http drops
+// before the handler can see it: RFC 9112, section 6.1, wants the connection closed
+// after the answer, since a proxy in front may have framed the request by that length
+// (request smuggling); Core's clients send lengths. net/http ignores and removes
+// Transfer-Encoding on an HTTP/1.0 request, which the same section wants treated as
+// faulty framing, so an HTTP/1.0 connection (kept alive only by an extension) ends
+// after each answer too.
+func CloseAfter(r *http.Request) bool {
+	return r.TransferEncoding != nil || !r.ProtoAtLeast(1, 1)
+}
+
+// apiMethods are the methods of Core's API (docs/core-api.md), and those of HTTP that a
+// server might take in another case.
+var apiMethods = [...]string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodDelete, http.MethodPatch, http.MethodOptions}
+
+// otherCase reports whether method is one of apiMethods spelt in another case ("get").
+func otherCase(method string) bool {
+	for _, m := range apiMethods {
+		if method != m && strings.EqualFold(method, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// overrideFields are the request header fields (canonical keys) with which some servers
+// and frameworks replace a request's path (IIS's URL Rewrite) or method (method
+// override), which mdproxy does not forward.
+var overrideFields = [...]string{"X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 // closeValue is the Connection field value that ends a connection after the answer.
 var closeValue = []string{"close"}
@@ -471,7 +525,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	cc := clientConnOf(r)
-	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), start: start}
+	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), close: CloseAfter(r), start: start}
 	if cc != nil {
 		rec.ownBound = cc.writeBound
 	}
@@ -841,6 +895,7 @@ type recorder struct {
 	idle     time.Duration // the body idle timeout; 0: writes unbounded
 	discard  time.Duration // how long net/http may read an unread body before it writes
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
+	close    bool          // the connection ends after the answer (CloseAfter)
 	aborted  bool          // abort cut the request, already counted
 	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
 	decided  bool          // outcome is the limiter's decision, counted by finish (decide)
@@ -893,6 +948,15 @@ const ownPiece = 64 << 10
 func (w *recorder) WriteHeader(code int) {
 	if code < 200 && w.http10 {
 		return // RFC 9110, section 15.2: no 1xx to an HTTP/1.0 client
+	}
+	if w.close {
+		// ReverseProxy clears the header map after relaying Core's 1xx (100
+		// Continue, 103): the final answer says Connection: close again, a 1xx not.
+		if code >= 200 {
+			w.Header()["Connection"] = closeValue
+		} else {
+			delete(w.Header(), "Connection")
+		}
 	}
 	if w.status == 0 && code >= 200 {
 		w.status = code

@@ -61,8 +61,9 @@ func RouteNames() []string {
 // escapes the bucket of the route it reaches at Core: the decoded path with empty
 // segments dropped, no trailing slash, in lower case (Core on Windows matches paths
 // without regard to case). ok is false for a path whose meaning depends on the server
-// that decodes it: an encoded slash or backslash (%2F, %5C), a backslash, a NUL, or a
-// "." or ".." segment, as written or percent-encoded (%2E); and the asterisk-form "*". The proxy refuses those with
+// that decodes it: an encoded slash or backslash (%2F, %5C), a backslash, a NUL, a
+// semicolon (path parameters, which some servers strip: "/file;/x" read as "/file/x"),
+// or a "." or ".." segment, as written or percent-encoded (%2E); and the asterisk-form "*". The proxy refuses those with
 // 400 rather than guess which route Core would see: a server that resolves dot segments
 // (RFC 3986, section 5.2.4) routes "/file/x/.." as "/file", one that does not (the
 // emulator's router) as a poll of the data_id "..". Clients resolve dot segments before
@@ -88,7 +89,7 @@ func canonicalPath(u *url.URL) (p string, ok bool) {
 	clean, lower := len(p) > 0 && p[0] == '/', true
 	for i := 0; i < len(p); i++ {
 		switch c := p[i]; {
-		case c == '\\' || c == 0:
+		case c == '\\' || c == 0 || c == ';':
 			return "", false
 		case c == '/' && i > 0 && p[i-1] == '/':
 			clean = false // "//"

@@ -150,8 +150,16 @@ func (c *coreConn) Write(p []byte) (int, error) {
 	if c.idle > 0 {
 		now := time.Now()
 		_ = c.Conn.SetWriteDeadline(now.Add(c.idle))
-		// The read side is waiting for the answer to what is being written.
-		_ = c.Conn.SetReadDeadline(now.Add(c.headers))
+		// The read side is waiting for the answer to what is being written. While
+		// the client is still sending its upload, Core waits for the rest of it: a
+		// client that stalls is cut by its own bound (the body idle timeout, 408)
+		// before Core's wait ends, whatever the two timeouts. The wait for headers
+		// once the body is sent is the transport's ResponseHeaderTimeout.
+		wait := c.headers
+		if c.uploading() {
+			wait += c.idle
+		}
+		_ = c.Conn.SetReadDeadline(now.Add(wait))
 	}
 	n, err := c.Conn.Write(p)
 	if err != nil && c.watched() {
@@ -223,6 +231,15 @@ func (c *coreConn) watched() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.owner != nil
+}
+
+// uploading reports whether the request on the connection has a body the client has
+// not sent to its end yet.
+func (c *coreConn) uploading() bool {
+	c.mu.Lock()
+	ex := c.owner
+	c.mu.Unlock()
+	return ex != nil && ex.bodyUnread() // ex.mu is taken after c.mu is let go: finish takes them the other way
 }
 
 // unwatch drops ex as the owner, if it still is: a connection back in the pool keeps

@@ -136,7 +136,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 	// answer comes after the body's read, which may take the whole ReadTimeout, so the
 	// write gets one body idle timeout more than the read.
 	srv := &http.Server{
-		Handler:           b.Handler(),
+		Handler:           closeAmbiguous(b.Handler()),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.BodyIdleTimeout,
 		WriteTimeout:      2 * cfg.BodyIdleTimeout,

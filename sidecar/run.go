@@ -153,7 +153,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
 	admin := &http.Server{
-		Handler:           adminHandler(reg, &stopping, cfg, limits),
+		Handler:           closeAmbiguous(adminHandler(reg, &stopping, cfg, limits)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadHeaderTimeout,
 		WriteTimeout:      cfg.BodyIdleTimeout,
@@ -333,4 +333,18 @@ func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool, cfg *Config, 
 	})
 	mountAdminExtras(r, cfg, limits) // /config, /debug/pprof/
 	return r
+}
+
+// closeAmbiguous ends the connection after the answer to each request that
+// proxy.CloseAfter names (framed by Transfer-Encoding, or HTTP/1.0), on the listeners
+// other than the proxy's, which does the same itself: a request that follows one of
+// those on its connection may be the rest of its body to a proxy in front (RFC 9112,
+// section 6.1).
+func closeAmbiguous(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if proxy.CloseAfter(r) {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -25,6 +26,10 @@ func main() {
 	if code, exit := cli.Parse("coresim", help(), usage, os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
+	// net/http writes some events through the standard log package: one JSON line at
+	// WARN, as every line.
+	log.SetFlags(0)
+	log.SetOutput(slog.NewLogLogger(slog.NewJSONHandler(os.Stderr, nil), slog.LevelWarn).Writer())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := coresim.Run(ctx, env.ToMap(os.Environ()), os.Stderr, nil); err != nil {

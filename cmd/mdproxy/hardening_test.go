@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -955,5 +956,63 @@ func TestDotSegmentsRefused(t *testing.T) {
 	}
 	if v := p.metric(t, series("mdproxy_requests_total", "code", "400", "method", "GET", "route", "other")); v != float64(len(paths)) {
 		t.Errorf("requests_total{route=other,code=400} = %v, want %d", v, len(paths))
+	}
+}
+
+// TestLogLinesJSON: what net/http's transport logs through the standard log package (a
+// Core that sends bytes after its answer, on a connection then idle) is one JSON line
+// at WARN like every other line of mdproxy, not a plain-text line.
+func TestLogLinesJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = http.ReadRequest(bufio.NewReader(c))
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				time.Sleep(100 * time.Millisecond) // the answer read, the connection idle
+				_, _ = io.WriteString(c, "EXTRA-GARBAGE")
+				time.Sleep(time.Second)
+			}()
+		}
+	}()
+	p := startBinary(t, "http://"+l.Addr().String(), nil)
+	resp, err := http.Get(p.proxyURL + "/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	deadline := time.Now().Add(safety)
+	for !strings.Contains(p.logs.String(), "Unsolicited response") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	found := false
+	for _, line := range strings.Split(strings.TrimSpace(p.logs.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("log line %q is not JSON: %v", line, err)
+			continue
+		}
+		if msg, _ := rec["msg"].(string); strings.Contains(msg, "Unsolicited response") {
+			found = true
+			if rec["level"] != "WARN" {
+				t.Errorf("net/http's line %q: level %v, want WARN", line, rec["level"])
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no line of net/http's about Core's extra bytes in:\n%s", p.logs.String())
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -42,6 +43,10 @@ func main() {
 	if code, exit := cli.Parse("mdproxy", help(), usage, os.Args[1:], os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
+	// net/http's transport writes some events through the standard log package (a Core
+	// that sends bytes on an idle connection): one JSON line at WARN, as every line.
+	log.SetFlags(0)
+	log.SetOutput(slog.NewLogLogger(slog.NewJSONHandler(os.Stderr, nil), slog.LevelWarn).Writer())
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 	}
