@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -31,9 +32,13 @@ func routeLimitVars() []string {
 	return names
 }
 
+// utf8BOM is the byte order mark that Windows editors write at the start of a UTF-8
+// file.
+var utf8BOM = []byte("\ufeff")
+
 // readLimitsFile reads the limits file at path: lines of KEY=VALUE, as a .env file
 // (github.com/joho/godotenv: # comments, blank lines, quotes and "export " allowed),
-// each key a route limit variable. It returns the route limit variables it sets, and an
+// each key a route limit variable; a leading UTF-8 byte order mark is skipped. It returns the route limit variables it sets, and an
 // error naming the file: when it cannot be read or parsed (vars is nil then), or an
 // envconf.Errors naming each variable of it that is not a route limit variable.
 //
@@ -46,6 +51,7 @@ func readLimitsFile(path string) (vars map[string]string, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%sLIMITS_FILE=%q: reading the limits file: %w", EnvPrefix, path, err)
 	}
+	data = bytes.TrimPrefix(data, utf8BOM) // godotenv would read it as part of the first key
 	vars, err = godotenv.UnmarshalBytes(data)
 	if err != nil {
 		return nil, fmt.Errorf("limits file %s: want lines of MDPROXY_<ROUTE>_<SETTING>=VALUE: %w", path, err)

@@ -160,6 +160,19 @@ MDPROXY_STAT_RATE=
 	}
 }
 
+// TestLoadConfigLimitsFileBOM checks that a limits file that starts with a UTF-8 byte
+// order mark, as Windows editors write one, is read as without it.
+func TestLoadConfigLimitsFileBOM(t *testing.T) {
+	path := writeLimits(t, t.TempDir(), "limits.env", "\ufeffMDPROXY_FILE_RESULT_RATE=5\r\nMDPROXY_FILE_RESULT_BURST=6\r\n")
+	c, err := LoadConfig(map[string]string{"MDPROXY_LIMITS_FILE": path})
+	if err != nil {
+		t.Fatalf("LoadConfig(limits file with a BOM) = %v, want no error", err)
+	}
+	if got, want := c.Limits["file_result"], (limiter.Limit{Rate: 5, Burst: 6}); got != want {
+		t.Errorf("LoadConfig(limits file with a BOM).Limits[file_result] = %+v, want %+v", got, want)
+	}
+}
+
 // TestLoadConfigBadLimitsFile checks that a limits file that cannot be read, does not
 // parse, holds a variable other than a route limit's or a bad value stops start-up
 // with a *ConfigError naming the file and the variable.
