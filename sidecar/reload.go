@@ -1,9 +1,12 @@
 package sidecar
 
 import (
+	"cmp"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -74,69 +77,121 @@ type limitsReloader struct {
 	proxy   *proxy.Proxy
 }
 
+// rewatchEvery is how often a directory of the limits file that cannot be watched
+// (removed, renamed away, a symlink's target gone) is tried again, until it is watched.
+const rewatchEvery = 100 * time.Millisecond
+
+// The log lines of a watch of the limits file lost and back.
+const (
+	msgWatchLost = "lost the watch of the limits file: watching it again once its directory is back"
+	msgWatchBack = "watching the limits file again"
+)
+
 // start reloads the limits on each signal of sigs (nil: none) and, when there is a
 // limits file, reloadDebounce after the file, or the ..data symlink of a ConfigMap
 // beside it, changed: it watches the file's directory (fsnotify), since an editor or
-// Kubernetes replaces the file rather than write into it. A directory that cannot be
-// watched is logged, and only signals reload then. start returns stop, which ends the
-// watching and waits for it: no goroutine is left once stop returned.
+// Kubernetes replaces the file rather than write into it, and, when the file is a
+// symlink to a file of another directory, that directory too (see fileWatch). A
+// directory that cannot be watched at start is logged, and only signals reload then.
+// start returns stop, which ends the watching and waits for it: no goroutine is left
+// once stop returned.
 func (r *limitsReloader) start(sigs <-chan os.Signal) (stop func()) {
-	var w *fsnotify.Watcher
+	var fw *fileWatch
+	var syncErr error // a directory of the file, other than its own, not watched
 	if r.file != "" {
-		var err error
-		if w, err = fsnotify.NewWatcher(); err == nil {
-			if err = w.Add(filepath.Dir(r.file)); err != nil {
+		w, err := fsnotify.NewWatcher()
+		if err == nil {
+			fw = &fileWatch{w: w, file: r.file, dirs: map[string]bool{}}
+			if _, syncErr = fw.sync(); !fw.dirs[filepath.Dir(r.file)] {
+				err = syncErr
 				w.Close()
 			}
 		}
 		if err != nil {
-			w = nil
+			fw = nil
 			r.log.Warn("not watching the limits file for changes: only SIGHUP reloads it",
 				"file", r.file, "err", err.Error())
 		} else {
 			r.log.Info("watching the limits file", "file", r.file)
 		}
 	}
-	if w == nil && sigs == nil {
+	if fw == nil && sigs == nil {
 		return func() {}
 	}
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(finished)
-		r.watch(done, sigs, w)
+		r.watch(done, sigs, fw, syncErr)
 	}()
 	return func() {
 		close(done)
 		<-finished
-		if w != nil {
-			w.Close()
+		if fw != nil {
+			fw.w.Close()
 		}
 	}
 }
 
-// watch runs start's loop until done is closed. w may be nil (no file, or not watched).
-func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, w *fsnotify.Watcher) {
+// watch runs start's loop until done is closed. fw may be nil (no file, or not
+// watched); syncErr is its first sync's error. While a directory of the file cannot be
+// watched, watch tries again every rewatchEvery, and on each signal; it logs the loss
+// at warn once, the return at info, and reads the file once it is back (it may have
+// been written meanwhile, unseen).
+func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *fileWatch, syncErr error) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
-	if w != nil {
-		events, errs = w.Events, w.Errors
+	if fw != nil {
+		events, errs = fw.w.Events, fw.w.Errors
 	}
-	base := filepath.Base(r.file)
 	quiet := time.NewTimer(time.Hour)
 	quiet.Stop()
 	defer quiet.Stop()
+	var retry *time.Ticker
+	var retries <-chan time.Time // retry's, while a directory is not watched
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	// settle records the outcome of a sync: the watch lost (err) or back, and returns
+	// whether the file must be read again for it (back, or the symlink moved).
+	settle := func(moved bool, err error) (changed bool) {
+		switch {
+		case err != nil && retry == nil:
+			r.log.Warn(msgWatchLost, "file", r.file, "err", err.Error())
+			retry = time.NewTicker(rewatchEvery)
+			retries = retry.C
+		case err == nil && retry != nil:
+			retry.Stop()
+			retry, retries = nil, nil
+			r.log.Info(msgWatchBack, "file", r.file)
+			return true
+		}
+		return moved
+	}
+	if fw != nil && syncErr != nil {
+		settle(false, syncErr)
+	}
 	for {
 		select {
 		case <-done:
 			return
 		case sig := <-sigs:
+			if fw != nil {
+				settle(fw.sync())
+			}
 			r.reload("signal " + sig.String())
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
 				continue
 			}
-			if name := filepath.Base(ev.Name); (name == base || name == configMapData) && ev.Op != fsnotify.Chmod {
+			ours := fw.event(ev)
+			if settle(fw.sync()) || ours {
+				quiet.Reset(reloadDebounce)
+			}
+		case <-retries:
+			if settle(fw.sync()) {
 				quiet.Reset(reloadDebounce)
 			}
 		case err, ok := <-errs:
@@ -149,6 +204,86 @@ func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, w *f
 			r.reload("file changed")
 		}
 	}
+}
+
+// fileWatch is the fsnotify watch of a limits file: its directory and, when the file is
+// a symlink whose target (every symlink resolved, filepath.EvalSymlinks) is in another
+// directory, the target's directory too, resolved again after each event so that the
+// watch follows a symlink pointed elsewhere. The symlinks between the two (a chain of
+// them, a symlinked directory on the way) are not watched, but for the ..data symlink
+// of a ConfigMap, which is in the file's directory. Not safe for concurrent use.
+type fileWatch struct {
+	w         *fsnotify.Watcher
+	file      string          // MDPROXY_LIMITS_FILE
+	target    string          // the file with its symlinks resolved; "" when it does not resolve
+	targetDir string          // the watched directory whose events name target: its own, or the file's
+	dirs      map[string]bool // the directories watched by w
+}
+
+// event takes in ev: a watched directory removed or renamed away is no longer watched
+// (fsnotify dropped its watch; sync adds it again once it is back). It reports whether
+// ev may change what the file holds: an event of the file itself, of its symlink's
+// target or a ConfigMap's ..data beside it, or of a watched directory itself. Chmod
+// events do not.
+func (fw *fileWatch) event(ev fsnotify.Event) (concerns bool) {
+	if ev.Op == fsnotify.Chmod {
+		return false
+	}
+	dir, name := filepath.Split(ev.Name)
+	dir = filepath.Clean(dir)
+	switch self := filepath.Clean(ev.Name); {
+	case fw.dirs[self]:
+		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			delete(fw.dirs, self)
+		}
+		return true
+	case dir == filepath.Dir(fw.file) && (name == filepath.Base(fw.file) || name == configMapData):
+		return true
+	case fw.target != "" && dir == fw.targetDir && name == filepath.Base(fw.target):
+		return true
+	}
+	return false
+}
+
+// sync resolves the file's symlinks again and makes w watch the directories that the
+// file needs now, and no other: it adds those not watched (never, or no longer: see
+// event), and removes the watch of a former target's
+// directory. It reports whether the target moved, and an error when a directory is
+// not watched: one that cannot be added (gone), or the file a symlink whose target
+// does not resolve (its directory gone).
+func (fw *fileWatch) sync() (moved bool, err error) {
+	dir := filepath.Clean(filepath.Dir(fw.file))
+	want := []string{dir}
+	target, targetDir := "", ""
+	if t, evalErr := filepath.EvalSymlinks(fw.file); evalErr == nil {
+		target, targetDir = t, filepath.Dir(t)
+		if realDir, dirErr := filepath.EvalSymlinks(dir); targetDir == dir || dirErr == nil && realDir == targetDir {
+			targetDir = dir // one directory, watched once: its events name it as the file's
+		} else {
+			want = append(want, targetDir)
+		}
+	} else if fi, lstatErr := os.Lstat(fw.file); lstatErr == nil && fi.Mode()&os.ModeSymlink != 0 {
+		err = fmt.Errorf("the limits file is a symlink whose target does not resolve: %w", evalErr)
+	}
+	moved = target != fw.target
+	fw.target, fw.targetDir = target, targetDir
+	for d := range fw.dirs {
+		if !slices.Contains(want, d) {
+			fw.w.Remove(d) // an error: its watch is gone already
+			delete(fw.dirs, d)
+		}
+	}
+	for _, d := range want {
+		if fw.dirs[d] {
+			continue
+		}
+		if addErr := fw.w.Add(d); addErr != nil {
+			err = cmp.Or(err, fmt.Errorf("watching %s: %w", d, addErr))
+			continue
+		}
+		fw.dirs[d] = true
+	}
+	return moved, err
 }
 
 // reload reads the limits file and, when it is good, puts its limits in force: each

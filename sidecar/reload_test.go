@@ -318,3 +318,140 @@ func TestNoEffectWarned(t *testing.T) {
 	in.waitMetric(t, reloadsSuccess, 1, reloadWithin)
 	check("after a reload", "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_LOGIN_BURST", "MDPROXY_VERSION_MAX_WAIT")
 }
+
+// logsOf returns the lines of logs whose msg is msg.
+func logsOf(t *testing.T, logs *sidecartest.LogBuffer, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range sidecartest.CheckJSONLogs(t, logs.String()) {
+		if l["msg"] == msg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestReloadDirRecreated removes the limits file's directory and makes it again, with
+// a new file in it: the watch comes back by itself (no SIGHUP), the new file is put in
+// force and so are later edits. The loss is logged at WARN once, the return at INFO.
+func TestReloadDirRecreated(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	dir := filepath.Join(t.TempDir(), "limits")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := writeLimits(t, dir, "limits.env", slowFileResult)
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path})
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Fatalf("%s at start = %v, want 0.001, the file's", fileResultRate, got)
+	}
+	recreate := func(content string) {
+		t.Helper()
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeLimits(t, dir, "limits.env", content)
+	}
+
+	// The directory stays away until its loss was seen, then comes back.
+	lost := in.logs.Written(msgWatchLost)
+	back := in.logs.Written(msgWatchBack)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(safety):
+		t.Fatalf("no %q logged after the directory was removed:\n%s", msgWatchLost, in.logs)
+	}
+	recreate("MDPROXY_FILE_RESULT_RATE=17\n")
+	in.waitMetric(t, fileResultRate, 17, safety)
+	select {
+	case <-back:
+	case <-time.After(safety):
+		t.Fatalf("no %q logged after the directory came back:\n%s", msgWatchBack, in.logs)
+	}
+	// A later edit, in place, is seen: the directory is watched again.
+	if err := os.WriteFile(path, []byte("MDPROXY_FILE_RESULT_RATE=18\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 18, safety)
+	for msg, level := range map[string]string{msgWatchLost: "WARN", msgWatchBack: "INFO"} {
+		if lines := logsOf(t, in.logs, msg); len(lines) != 1 || lines[0]["level"] != level || lines[0]["file"] != path {
+			t.Errorf("%q lines = %v, want one at %s naming %s", msg, lines, level, path)
+		}
+	}
+
+	// As a shell does it, `rm -rf d; mkdir d; echo ... > d/limits.env`: the directory may
+	// be back before its removal was seen. The new file is read, and later edits.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	recreate("MDPROXY_FILE_RESULT_RATE=19\n")
+	in.waitMetric(t, fileResultRate, 19, safety)
+	replaceFile(t, path, "MDPROXY_FILE_RESULT_RATE=20\n")
+	in.waitMetric(t, fileResultRate, 20, safety)
+}
+
+// TestReloadSymlinkTarget updates a limits file that is a symlink to a file in another
+// directory, as some configuration tools lay it out: an edit of the target in place and
+// a replacement of it are seen; so is the symlink pointed elsewhere, after which the new
+// target is the one watched, even when its directory is removed and made again.
+func TestReloadSymlinkTarget(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	root := t.TempDir()
+	mkdir := func(name string) string {
+		t.Helper()
+		d := filepath.Join(root, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	lim, real1, real2 := mkdir("lim"), mkdir("real"), mkdir("real2")
+	target1 := writeLimits(t, real1, "real.env", slowFileResult)
+	path := filepath.Join(lim, "limits.env")
+	if err := os.Symlink(target1, path); err != nil {
+		t.Fatal(err)
+	}
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path})
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Fatalf("%s at start = %v, want 0.001, the target's", fileResultRate, got)
+	}
+
+	// The target edited in place, then replaced through a rename.
+	if err := os.WriteFile(target1, []byte("MDPROXY_FILE_RESULT_RATE=7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 7, safety)
+	replaceFile(t, target1, "MDPROXY_FILE_RESULT_RATE=8\n")
+	in.waitMetric(t, fileResultRate, 8, safety)
+
+	// The symlink pointed at a file of another directory, replaced as `ln -sfn` does.
+	target2 := writeLimits(t, real2, "other.env", "MDPROXY_FILE_RESULT_RATE=9\n")
+	if err := os.Symlink(target2, path+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 9, safety)
+	if err := os.WriteFile(target2, []byte("MDPROXY_FILE_RESULT_RATE=10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 10, safety)
+
+	// The new target's directory removed and made again: the symlink dangles meanwhile.
+	if err := os.RemoveAll(real2); err != nil {
+		t.Fatal(err)
+	}
+	mkdir("real2")
+	writeLimits(t, real2, "other.env", "MDPROXY_FILE_RESULT_RATE=11\n")
+	in.waitMetric(t, fileResultRate, 11, safety)
+	if err := os.WriteFile(target2, []byte("MDPROXY_FILE_RESULT_RATE=12\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, fileResultRate, 12, safety)
+}
