@@ -403,8 +403,8 @@ func TestManifestsParse(t *testing.T) {
 		} `yaml:"spec"`
 	}
 	readYAML(t, filepath.Join("kubernetes", "service.yaml"), &svc)
-	if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].TargetPort != "api" {
-		t.Errorf("Service ports %+v, want the API port to target the proxy (api)", svc.Spec.Ports)
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort != "api" {
+		t.Errorf("clients' Service ports %+v, want the API port alone, to the proxy (api): the admin port (/config) is not for clients", svc.Spec.Ports)
 	}
 	var cm struct {
 		Data map[string]string `yaml:"data"`

@@ -33,16 +33,20 @@ func (c *Config) validateBridge(environ map[string]string) error {
 	}
 	if c.BridgeCallbackURL != "" {
 		u, err := url.Parse(c.BridgeCallbackURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || !validURL(c.BridgeCallbackURL, u) {
-			bad("BRIDGE_CALLBACK_URL", "want an http or https URL with a host, a port of 1 to 65535 if any, and no query or fragment, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010")
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || !validURL(c.BridgeCallbackURL, u) || u.User != nil {
+			// Named without its password, as the logs and /config show URLs. The
+			// listener reads no user or password: refused rather than ignored.
+			errs.Add(&envconf.Error{Var: EnvPrefix + "BRIDGE_CALLBACK_URL", Value: redactedURL(c.BridgeCallbackURL),
+				Want: "want an http or https URL with a host name or IP address (an IPv6 one in brackets), a port of 1 to 65535 if any, and no user, password, query or fragment, at which Core reaches the callback listener, e.g. http://127.0.0.1:9010"})
 		}
 	}
 	for _, t := range []struct {
 		name string
 		bad  bool
 	}{
-		{"BRIDGE_REFRESH", c.BridgeRefresh <= 0}, {"BRIDGE_PENDING_TTL", c.BridgePendingTTL <= 0},
-		{"STORE_MAX_BYTES", c.StoreMaxBytes < 1<<20}, {"STORE_TTL", c.StoreTTL <= 0},
+		{"BRIDGE_REFRESH", c.BridgeRefresh <= 0 || c.BridgeRefresh > maxTimeout},
+		{"BRIDGE_PENDING_TTL", c.BridgePendingTTL <= 0 || c.BridgePendingTTL > maxTTL},
+		{"STORE_MAX_BYTES", c.StoreMaxBytes < 1<<20}, {"STORE_TTL", c.StoreTTL <= 0 || c.StoreTTL > maxTTL},
 	} {
 		if t.bad {
 			bad(t.name, configWants[t.name])

@@ -227,6 +227,16 @@ const (
 	maxReadBatch = 16 << 20
 )
 
+// maxTimeout bounds the timeouts and delays (MDPROXY_*_TIMEOUT, SHUTDOWN_DELAY,
+// BRIDGE_REFRESH): they are doubled or added up (the kernel's bound of a connection is
+// twice MDPROXY_BODY_IDLE_TIMEOUT), and time.Duration holds about 292 years; a day is
+// beyond any wait a client or Kubernetes makes. maxTTL bounds how long the bridge
+// keeps a pending id or a result.
+const (
+	maxTimeout = 24 * time.Hour
+	maxTTL     = 365 * 24 * time.Hour
+)
+
 // maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
 // 600 MB a route.
 const maxClientKeys = 10_000_000
@@ -235,20 +245,20 @@ const maxClientKeys = 10_000_000
 // less the prefix: the message of a value out of range and of one that does not parse.
 var configWants = map[string]string{
 	"LIMIT_STATUS":          "want 503 or 429",
-	"UPSTREAM_TIMEOUT":      "want a duration with its unit above 0 (e.g. 60s)",
-	"UPSTREAM_DIAL_TIMEOUT": "want a duration with its unit above 0 (e.g. 5s)",
-	"READ_HEADER_TIMEOUT":   "want a duration with its unit above 0 (e.g. 10s)",
-	"IDLE_TIMEOUT":          "want a duration with its unit above 0 (e.g. 120s)",
-	"BODY_IDLE_TIMEOUT":     "want a duration with its unit above 0 (e.g. 60s)",
-	"SHUTDOWN_DELAY":        "want a duration with its unit >= 0 (e.g. 5s); 0 = close the listener at once",
-	"SHUTDOWN_TIMEOUT":      "want a duration with its unit >= 0 (e.g. 30s); 0 = cut in-flight requests at once",
-	"BRIDGE_REFRESH":        "want a duration with its unit above 0 (e.g. 60s)",
-	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0 (e.g. 24h)",
+	"UPSTREAM_TIMEOUT":      "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"UPSTREAM_DIAL_TIMEOUT": "want a duration with its unit above 0, at most 24h (e.g. 5s)",
+	"READ_HEADER_TIMEOUT":   "want a duration with its unit above 0, at most 24h (e.g. 10s)",
+	"IDLE_TIMEOUT":          "want a duration with its unit above 0, at most 24h (e.g. 120s)",
+	"BODY_IDLE_TIMEOUT":     "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"SHUTDOWN_DELAY":        "want a duration with its unit >= 0, at most 24h (e.g. 5s); 0 = close the listener at once",
+	"SHUTDOWN_TIMEOUT":      "want a duration with its unit >= 0, at most 24h (e.g. 30s); 0 = cut in-flight requests at once",
+	"BRIDGE_REFRESH":        "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"STORE_MAX_BYTES":       "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
 	"UPLOAD_READ_BATCH":     fmt.Sprintf("want 0 (off) or a whole number of bytes from %d to %d (e.g. 524288)", minReadBatch, maxReadBatch),
-	"STORE_TTL":             "want a duration with its unit above 0 (e.g. 24h)",
+	"STORE_TTL":             "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
-	"REDIS_TIMEOUT":         "want a duration with its unit above 0 (e.g. 50ms)",
+	"REDIS_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
 	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
@@ -307,14 +317,14 @@ func (c *Config) validate(environ map[string]string) error {
 		{"READ_HEADER_TIMEOUT", c.ReadHeaderTimeout}, {"IDLE_TIMEOUT", c.IdleTimeout},
 		{"BODY_IDLE_TIMEOUT", c.BodyIdleTimeout},
 	} {
-		if t.d <= 0 {
+		if t.d <= 0 || t.d > maxTimeout {
 			bad(t.name, configWants[t.name])
 		}
 	}
-	if c.ShutdownDelay < 0 {
+	if c.ShutdownDelay < 0 || c.ShutdownDelay > maxTimeout {
 		bad("SHUTDOWN_DELAY", configWants["SHUTDOWN_DELAY"])
 	}
-	if c.ShutdownTimeout < 0 {
+	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > maxTimeout {
 		bad("SHUTDOWN_TIMEOUT", configWants["SHUTDOWN_TIMEOUT"])
 	}
 	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
@@ -332,10 +342,14 @@ func (c *Config) validate(environ map[string]string) error {
 	return errs.Err()
 }
 
-// validURL reports whether u, parsed from s, names a port of 1 to 65535 if any, and s
+// validURL reports whether u, parsed from s, has a host validHost takes, names a port of
+// 1 to 65535 if any, and s
 // holds no character that a URI cannot (RFC 3986: no space, control, quote, <, >, \,
 // ^, `, {, |, }), which url.Parse lets through in a path: Core could not use the URL.
 func validURL(s string, u *url.URL) bool {
+	if !validHost(u.Hostname()) {
+		return false
+	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 			return false
@@ -349,6 +363,22 @@ func validURL(s string, u *url.URL) bool {
 		}
 	}
 	return true
+}
+
+// validHost reports whether h is an IP address or a DNS name (letters, digits, '-', '.'
+// and '_'): RFC 3986 lets a host hold more ("$", "(" and ")" among them), which no
+// resolver finds, such as a Kubernetes $(POD_IP) left unexpanded.
+func validHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	for i := range len(h) {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return h != ""
 }
 
 // sameListener reports whether listening on a and on b (valid listen addresses) would

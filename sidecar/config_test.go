@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,6 +121,11 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://h/a b"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
 		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://h/a|b"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
 		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://h/?"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
+		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://user:s3cret@127.0.0.1:9010"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
+		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://$(POD_IP):9010"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
+		{map[string]string{"MDPROXY_BRIDGE_CALLBACK_URL": "http://fd00::5:9010"}, "MDPROXY_BRIDGE_CALLBACK_URL"},
+		one("MDPROXY_UPSTREAM_URL", "http://$(CORE_HOST):8008"),
+		one("MDPROXY_UPSTREAM_URL", "http://core(1):8008"),
 		one("MDPROXY_LIMIT_STATUS", "500"),
 		one("MDPROXY_LIMIT_STATUS", "200"),
 		one("MDPROXY_LIMIT_STATUS", "abc"),
@@ -128,16 +134,23 @@ func TestLoadConfigBadValue(t *testing.T) {
 		one("MDPROXY_TRUSTED_PROXIES", "10.0.0.0/8, foo"),
 		one("MDPROXY_LOG_LEVEL", "loud"),
 	}
-	for _, name := range []string{"MDPROXY_UPSTREAM_TIMEOUT", "MDPROXY_UPSTREAM_DIAL_TIMEOUT", "MDPROXY_READ_HEADER_TIMEOUT", "MDPROXY_IDLE_TIMEOUT"} {
-		for _, v := range []string{"0s", "0", "10", "-1s", "x"} {
+	for _, name := range []string{"MDPROXY_UPSTREAM_TIMEOUT", "MDPROXY_UPSTREAM_DIAL_TIMEOUT", "MDPROXY_READ_HEADER_TIMEOUT", "MDPROXY_IDLE_TIMEOUT", "MDPROXY_BODY_IDLE_TIMEOUT", "MDPROXY_REDIS_TIMEOUT", "MDPROXY_BRIDGE_REFRESH"} {
+		// Beyond a day, a product (twice MDPROXY_BODY_IDLE_TIMEOUT) overflowed: 2000000h
+		// broke every upload over a megabyte; 9999999h does not parse.
+		for _, v := range []string{"0s", "0", "10", "-1s", "x", "24h0m1s", "2000000h", "9999999h"} {
 			cases = append(cases, one(name, v))
 		}
 	}
-	for _, v := range []string{"-1s", "x", "30"} {
+	for _, v := range []string{"-1s", "x", "30", "25h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_TIMEOUT", v))
 	}
-	for _, v := range []string{"-1s", "-1ns", "x", "5"} {
+	for _, v := range []string{"-1s", "-1ns", "x", "5", "99999h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
+	}
+	for _, name := range []string{"MDPROXY_BRIDGE_PENDING_TTL", "MDPROXY_STORE_TTL"} {
+		for _, v := range []string{"0s", "-1h", "8761h"} {
+			cases = append(cases, one(name, v))
+		}
 	}
 	routes := proxy.RouteNames()
 	if len(routes) < 2 || !slices.Contains(routes, "file_result") || !slices.Contains(routes, proxy.RouteOther) {
@@ -171,8 +184,17 @@ func TestLoadConfigBadValue(t *testing.T) {
 			if !sidecartest.NamesVar(msg, tc.wantVar) {
 				t.Errorf("LoadConfig(%v) error = %q, want it to name %s", tc.env, msg, tc.wantVar)
 			}
-			if !strings.Contains(msg, strconv.Quote(value)) {
-				t.Errorf("LoadConfig(%v) error = %q, want it to quote the bad value %q", tc.env, msg, value)
+			quoted := value
+			if u, err := url.Parse(value); err == nil && u.User != nil {
+				if pw, ok := u.User.Password(); ok {
+					quoted = u.Redacted() // a URL's password is never shown
+					if strings.Contains(msg, pw) {
+						t.Errorf("LoadConfig(%v) error = %q shows the password", tc.env, msg)
+					}
+				}
+			}
+			if !strings.Contains(msg, strconv.Quote(quoted)) {
+				t.Errorf("LoadConfig(%v) error = %q, want it to quote the bad value %q", tc.env, msg, quoted)
 			}
 			if !strings.Contains(msg, "want") {
 				t.Errorf("LoadConfig(%v) error = %q, want it to say what %s accepts", tc.env, msg, tc.wantVar)

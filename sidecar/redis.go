@@ -43,7 +43,7 @@ func (c *Config) validateRedis(environ map[string]string) error {
 			c.redisOpts = opts
 		}
 	}
-	if c.RedisTimeout <= 0 {
+	if c.RedisTimeout <= 0 || c.RedisTimeout > maxTimeout {
 		bad("REDIS_TIMEOUT", configWants["REDIS_TIMEOUT"])
 	}
 	if c.Replicas < 1 || c.Replicas > maxReplicas {
