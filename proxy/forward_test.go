@@ -188,7 +188,9 @@ func TestForwardChunkedUploadRefused(t *testing.T) {
 		if resp.StatusCode != http.StatusLengthRequired {
 			t.Fatalf("POST /file chunked = %d %q, want 411", resp.StatusCode, b)
 		}
-		coreError(t, resp, b)
+		if msg := coreError(t, resp, b); !strings.Contains(msg, "Chunked uploads are not accepted") {
+			t.Errorf("POST /file chunked: %q, want it to say chunked uploads are not accepted", msg)
+		}
 	})
 
 	// The raw variants write the request head only: the body never follows, since the

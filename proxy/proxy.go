@@ -546,7 +546,11 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A POST without any length header has ContentLength 0 in net/http, but the
 	// transport would send "Content-Length: 0" (Core: 422, not 411): refuse it too.
 	if rt.submit && (r.ContentLength < 0 || len(r.Header.Values("Content-Length")) == 0) {
-		writeError(rec, http.StatusLengthRequired, "Missing Content-Length header.")
+		msg := "Missing Content-Length header."
+		if r.TransferEncoding != nil {
+			msg = "Chunked uploads are not accepted: send the file with a Content-Length header."
+		}
+		writeError(rec, http.StatusLengthRequired, msg)
 		return
 	}
 
@@ -789,8 +793,13 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		rt.logUpstream(kind, err)
 	default:
 		msg := "Core could not be reached: " + kind + "."
-		if isTLS(err) {
+		switch {
+		case isTLS(err):
 			msg = "Core could not be reached: TLS handshake failed (see mdproxy's log)."
+		case strings.HasPrefix(err.Error(), "backend tried to switch protocol"):
+			// httputil.ReverseProxy's error, untyped, for a 101 to a request that
+			// asked no upgrade (the proxy forwards none).
+			msg = "Core switched protocols (101): Core's API has no protocol upgrade, so none is relayed."
 		}
 		writeError(w, http.StatusBadGateway, msg)
 		rt.logUpstream(kind, err)

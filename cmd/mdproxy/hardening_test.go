@@ -535,7 +535,7 @@ func TestUpgradeNeverRelayed(t *testing.T) {
 		if r.Header.Get("Upgrade") != "" || strings.Contains(strings.ToLower(r.Header.Get("Connection")), "upgrade") {
 			upgrades.Add(1)
 		}
-		if r.URL.Path == "/file/always101" || r.Header.Get("Upgrade") != "" {
+		if strings.HasSuffix(r.URL.Path, "/always101") || r.Header.Get("Upgrade") != "" {
 			conn, bw, err := http.NewResponseController(w).Hijack()
 			if err != nil {
 				return
@@ -564,6 +564,16 @@ func TestUpgradeNeverRelayed(t *testing.T) {
 			t.Errorf("GET %s Upgrade: %s = 101, want no protocol switch", tt.path, tt.upgrade)
 		}
 		c.Close()
+	}
+	// A 101 that nobody asked for, on a route without a limit: 502, saying so.
+	resp, err := http.Get(p.proxyURL + "/unlisted/always101")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "switched protocols") {
+		t.Errorf("GET /unlisted/always101, Core answering 101 = %d %s, want 502 saying Core switched protocols", resp.StatusCode, body)
 	}
 	if n := upgrades.Load(); n != 0 {
 		t.Errorf("requests reaching Core with Upgrade = %d, want 0", n)
