@@ -30,8 +30,13 @@ func Parse(name, help, usage string, args []string, stdout, stderr io.Writer) (c
 	fs.SetOutput(io.Discard) // what to print, and where, is decided below
 	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
 	err := fs.Parse(args)
-	if err == nil && fs.NArg() > 0 {
+	switch {
+	case err == nil && fs.NArg() > 0:
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case err == nil && !*version && len(args) > 0:
+		// "--version=false" or a lone "--": an argument that asks for nothing would
+		// start the binary as if it had been understood.
+		err = fmt.Errorf("unexpected argument %q", args[0])
 	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
