@@ -14,13 +14,15 @@ import (
 )
 
 // Handler returns Core's REST API as the emulator serves it. Unknown routes answer
-// 404 {"err":"Not found"}.
+// 404 {"err":"Not found"}; a known route asked with a method it does not serve answers
+// 405 {"err":"Method not allowed"} with an Allow header listing those it does.
 func (s *Sim) Handler() http.Handler {
 	a := &api{s: s}
 	r := chi.NewRouter()
 	r.Use(middleware.GetHead) // HEAD is answered as GET, without a body
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeErr(w, http.StatusNotFound, "Not found") })
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", strings.Join(allowed(r, req), ", "))
 		writeErr(w, http.StatusMethodNotAllowed, "Method not allowed")
 	})
 	r.Post("/login", a.login)
@@ -47,6 +49,36 @@ func (s *Sim) Handler() http.Handler {
 }
 
 type api struct{ s *Sim }
+
+// methods are the request methods of RFC 9110 and PATCH, in the order an Allow header
+// lists them.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions, http.MethodTrace, http.MethodConnect}
+
+// allowed returns the methods that mux serves at req's path, for the Allow header of a
+// 405 (RFC 9110 §15.5.6): those it has a route for, and HEAD where it has GET's, which
+// middleware.GetHead answers. The path is the one mux routes on: the route context's,
+// else the URL's escaped path.
+func allowed(mux *chi.Mux, req *http.Request) []string {
+	path := req.URL.RawPath
+	if path == "" {
+		path = req.URL.Path
+	}
+	if rctx := chi.RouteContext(req.Context()); rctx != nil && rctx.RoutePath != "" {
+		path = rctx.RoutePath
+	}
+	var out []string
+	for _, m := range methods {
+		match := mux.Match(chi.NewRouteContext(), m, path)
+		if m == http.MethodHead {
+			match = match || mux.Match(chi.NewRouteContext(), http.MethodGet, path)
+		}
+		if match {
+			out = append(out, m)
+		}
+	}
+	return out
+}
 
 // writeJSON answers v as JSON with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -3,6 +3,7 @@ package coresim
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"runtime"
@@ -542,5 +543,66 @@ serve:
 	want = (cfg.RejectCost + cfg.PollCostBase + 3*cfg.BatchCostFile).Seconds()
 	if got := spent[workBatchStatus]; math.Abs(got-want) > 1e-9 {
 		t.Errorf("core time of one batch status of 3 files = %.6fs, want %.6fs", got, want)
+	}
+}
+
+// TestAPIMethodNotAllowed checks that a known path asked with a method it does not
+// serve answers 405 with Core's error body and an Allow header (RFC 9110 §15.5.6)
+// listing the methods it serves, HEAD wherever GET is, and that each of those is served
+// there. It runs the emulator as the binary does (Run, on a loopback port), with an
+// apikey, which a 405 is answered before.
+func TestAPIMethodNotAllowed(t *testing.T) {
+	addrs, _ := startRun(t, map[string]string{"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "", "CORESIM_APIKEY": "k"})
+	base := "http://" + addrs.api.String()
+	c := newClient(t)
+	do := func(method, path string) apiResp {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("apikey", "k")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("%s %s: reading the body: %v", method, path, err)
+		}
+		return apiResp{status: resp.StatusCode, header: resp.Header, body: body}
+	}
+	for _, tc := range []struct{ method, path, allow string }{
+		{http.MethodDelete, "/file/abc", "GET, HEAD"},
+		{http.MethodPut, "/file", "POST"},
+		{http.MethodHead, "/file", "POST"},
+		{http.MethodPost, "/version", "GET, HEAD"},
+		{http.MethodGet, "/login", "POST"},
+		{http.MethodOptions, "/readyz", "GET, HEAD"},
+		{http.MethodPatch, "/file/rules", "GET, HEAD"},
+		{http.MethodGet, "/file/abc/cancel", "POST"},
+		{http.MethodDelete, "/file/batch/b1", "GET, HEAD"},
+		{http.MethodGet, "/file/batch/b1/close", "POST"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			resp := do(tc.method, tc.path)
+			what := tc.method + " " + tc.path
+			if tc.method == http.MethodHead {
+				if resp.status != http.StatusMethodNotAllowed || len(resp.body) != 0 {
+					t.Errorf("%s = %d %q, want 405 without a body", what, resp.status, resp.body)
+				}
+			} else {
+				wantErrBody(t, what, resp, http.StatusMethodNotAllowed, "Method not allowed")
+			}
+			if got := resp.header.Values("Allow"); len(got) != 1 || got[0] != tc.allow {
+				t.Errorf("%s Allow = %q, want %q", what, got, tc.allow)
+			}
+			for _, m := range strings.Split(tc.allow, ", ") {
+				if r := do(m, tc.path); r.status == http.StatusMethodNotAllowed {
+					t.Errorf("%s %s = 405, though %s's Allow lists %s", m, tc.path, what, m)
+				}
+			}
+		})
 	}
 }
