@@ -71,6 +71,16 @@ func Chart(path string, figs []Figures, pub map[string]Published) error {
 	return writeStacked(path, vg.Length(80*len(figs)+120), 9*vg.Inch, dur, errp)
 }
 
+// CheckChartPath returns an error unless path names a file Chart and SoakChart can
+// draw: one ending in .png or .svg (in any case).
+func CheckChartPath(path string) error {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".png", ".svg":
+		return nil
+	}
+	return fmt.Errorf("chart %s: want a .png or .svg file", path)
+}
+
 // writeStacked draws plots one above the other on a canvas of width × height and writes
 // it to path, a PNG or SVG file by its extension.
 func writeStacked(path string, width, height vg.Length, plots ...*plot.Plot) error {
@@ -81,7 +91,7 @@ func writeStacked(path string, width, height vg.Length, plots ...*plot.Plot) err
 	case ".svg":
 		c = vgsvg.New(width, height)
 	default:
-		return fmt.Errorf("chart %s: want a .png or .svg file", path)
+		return CheckChartPath(path)
 	}
 	dc := draw.New(c.(vg.CanvasSizer))
 	rows := make([][]*plot.Plot, len(plots))

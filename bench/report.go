@@ -222,44 +222,64 @@ type Published struct {
 	FetchErrorRatePct     *float64
 }
 
-// LoadPublished reads the published table (benchmark.csv).
+// PublishedColumns are the columns of a published table's CSV, in order, as its header
+// names them (testdata/published.csv).
+var PublishedColumns = []string{"case", "limit_per_s", "duration_min", "processed_files_per_hour", "fetch_requests_per_s", "fetch_error_rate_pct"}
+
+// LoadPublished reads a published table from the CSV file at path: a header naming
+// PublishedColumns, then one row a case. Every cell but the case may be empty (no
+// figure); one that is not must be a finite number >= 0. A file that cannot be read, is
+// empty, has another header or a row that breaks these rules is an error naming the
+// file and, for a row, its record number (the header is record 1).
 func LoadPublished(path string) (map[string]Published, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
-	rows, err := csv.NewReader(fh).ReadAll()
+	r := csv.NewReader(fh)
+	r.FieldsPerRecord = len(PublishedColumns)
+	rows, err := r.ReadAll()
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
+		return nil, fmt.Errorf("reading %s: %w (want the columns %s)", path, err, strings.Join(PublishedColumns, ","))
+	}
+	if len(rows) < 2 {
+		return nil, fmt.Errorf("reading %s: want a header (%s) and a row a case", path, strings.Join(PublishedColumns, ","))
+	}
+	for i, name := range rows[0] {
+		if !strings.EqualFold(strings.TrimSpace(name), PublishedColumns[i]) {
+			return nil, fmt.Errorf("reading %s: header column %d is %q, want %q (columns %s)", path, i+1, name, PublishedColumns[i], strings.Join(PublishedColumns, ","))
+		}
 	}
 	out := map[string]Published{}
-	num := func(s string) *float64 {
-		if s == "" {
-			return nil
+	for i, row := range rows[1:] {
+		rec := i + 2 // the header is record 1
+		var nums [5]*float64
+		for j, cell := range row[1:] {
+			cell = strings.TrimSpace(cell)
+			if cell == "" {
+				continue
+			}
+			v, err := strconv.ParseFloat(cell, 64)
+			if err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v < 0 {
+				return nil, fmt.Errorf("reading %s: record %d, %s = %q: want a finite number >= 0 or nothing", path, rec, PublishedColumns[j+1], cell)
+			}
+			nums[j] = &v
 		}
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return nil
+		name := strings.TrimSpace(row[0])
+		if name == "" {
+			return nil, fmt.Errorf("reading %s: record %d has no case", path, rec)
 		}
-		return &v
-	}
-	for _, r := range rows[1:] {
-		if len(r) < 6 {
-			continue
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("reading %s: record %d repeats the case %s", path, rec, name)
 		}
-		p := Published{Case: r[0]}
-		if v := num(r[1]); v != nil {
-			p.LimitPerS = *v
+		p := Published{Case: name, FetchRequestsPerS: nums[3], FetchErrorRatePct: nums[4]}
+		for j, dst := range []*float64{&p.LimitPerS, &p.DurationMin, &p.ProcessedFilesPerHour} {
+			if nums[j] != nil {
+				*dst = *nums[j]
+			}
 		}
-		if v := num(r[2]); v != nil {
-			p.DurationMin = *v
-		}
-		if v := num(r[3]); v != nil {
-			p.ProcessedFilesPerHour = *v
-		}
-		p.FetchRequestsPerS, p.FetchErrorRatePct = num(r[4]), num(r[5])
-		out[p.Case] = p
+		out[name] = p
 	}
 	return out, nil
 }

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"image/png"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -410,10 +412,12 @@ func TestReport(t *testing.T) {
 		{Case: "Bridge", DurationMin: 27.0, ProcessedFilesPerHour: 290000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10, CoreFetchesPerFile: &zero},
 	}
 	pub := SeedTable()
-	if p, err := LoadPublished(filepath.Join("testdata", "published.csv")); err == nil {
-		if len(p) != len(pub) || p["Rate-1"].DurationMin != pub["Rate-1"].DurationMin || *p["Rate-50"].FetchErrorRatePct != *pub["Rate-50"].FetchErrorRatePct {
-			t.Errorf("the built-in table differs from testdata/published.csv: %v against %v", pub, p)
-		}
+	p, err := LoadPublished(filepath.Join("testdata", "published.csv"))
+	if err != nil {
+		t.Fatalf("LoadPublished(testdata/published.csv) = %v", err)
+	}
+	if !reflect.DeepEqual(p, pub) {
+		t.Errorf("the built-in table differs from testdata/published.csv: %v against %v", pub, p)
 	}
 	var b bytes.Buffer
 	WriteTable(&b, figs, pub)
@@ -443,6 +447,60 @@ func TestReport(t *testing.T) {
 	}
 	if err := Chart(filepath.Join(dir, "c.gif"), figs, pub); err == nil {
 		t.Errorf("Chart(.gif) = nil error, want the format refused")
+	}
+	for path, ok := range map[string]bool{"c.png": true, "C.SVG": true, "c.gif": false, "c": false, "png": false, "c.png.txt": false} {
+		if err := CheckChartPath(path); (err == nil) != ok {
+			t.Errorf("CheckChartPath(%q) = %v, want it accepted: %v", path, err, ok)
+		}
+	}
+}
+
+// TestLoadPublished checks that a --seed-csv that cannot be read or is not a published
+// table is an error naming the file (and what is wrong), never an empty or partial
+// table, and that empty cells are no figure.
+func TestLoadPublished(t *testing.T) {
+	dir := t.TempDir()
+	const header = "case,limit_per_s,duration_min,processed_files_per_hour,fetch_requests_per_s,fetch_error_rate_pct\n"
+	good := filepath.Join(dir, "good.csv")
+	if err := os.WriteFile(good, []byte(header+"Rate-5,5,30,250000,4.5,97\nWebhook,,26.9,292389,,\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LoadPublished(good)
+	if err != nil {
+		t.Fatalf("LoadPublished(a good table) = %v", err)
+	}
+	if len(p) != 2 || p["Rate-5"].LimitPerS != 5 || *p["Rate-5"].FetchErrorRatePct != 97 ||
+		p["Webhook"].FetchRequestsPerS != nil || p["Webhook"].ProcessedFilesPerHour != 292389 {
+		t.Errorf("LoadPublished(a good table) = %+v", p)
+	}
+
+	for _, tc := range []struct{ name, content, want string }{
+		{"empty", "", "want a header"},
+		{"header only", header, "want a header"},
+		{"garbage", "this is not\na table at all\n", "want the columns"},
+		{"binary", "\x00\x01\x02\n", "want the columns"},
+		{"other header", "name,limit,duration,files,fetches,errors\nRate-1,1,27.7,283113,0.799,99.84\n", `header column 1 is "name"`},
+		{"short row", header + "Rate-1,1,27.7\n", "want the columns"},
+		{"not a number", header + "Rate-1,1,27.7,lots,0.799,99.84\n", "record 2, processed_files_per_hour"},
+		{"NaN", header + "Rate-1,1,NaN,283113,0.799,99.84\n", "record 2, duration_min"},
+		{"negative", header + "Rate-1,1,27.7,283113,0.799,-1\n", "record 2, fetch_error_rate_pct"},
+		{"no case", header + "Rate-1,1,27.7,283113,0.799,99.84\n,,1,1,,\n", "record 3 has no case"},
+		{"repeated case", header + "Rate-1,1,27.7,283113,0.799,99.84\nRate-1,1,27.7,283113,0.799,99.84\n", "record 3 repeats"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".csv")
+			if err := os.WriteFile(path, []byte(tc.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			p, err := LoadPublished(path)
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("LoadPublished(%s) = %v, %v; want an error naming the file and %q", tc.name, p, err, tc.want)
+			}
+		})
+	}
+	missing := filepath.Join(dir, "missing.csv")
+	if _, err := LoadPublished(missing); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
+		t.Errorf("LoadPublished(a missing file) = %v, want fs.ErrNotExist naming it", err)
 	}
 }
 
