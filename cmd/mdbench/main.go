@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -75,8 +76,18 @@ type options struct {
 	soakInterval time.Duration
 	mdproxyBin   string
 	version      bool
+
+	// pub is the published table the figures are printed beside: --seed-csv's, else
+	// the built-in one (bench.SeedTable).
+	pub map[string]bench.Published
 }
 
+// maxSpeedup is the emulator's highest speed-up (CORESIM_SPEEDUP).
+const maxSpeedup = 1e6
+
+// parseFlags parses and checks mdbench's flags in args, all before anything runs: it
+// reads --seed-csv and checks that --json and --chart can be written. Help goes to
+// stderr. A bad flag is a usageError naming it (main exits 2).
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
@@ -88,7 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
 	fs.StringVar(&o.callbackAddr, "callback-addr", "", "host:port for the Webhook receiver and for mdproxy's callback listener in the Bridge case, reachable by a real Core (default: a free loopback port)")
 	fs.StringVar(&o.bridgeCBURL, "bridge-callback-url", "", "the Bridge case's MDPROXY_BRIDGE_CALLBACK_URL, the URL Core is given for its callbacks (default: derived from the callback listener's address); an address nothing listens on plays callbacks that never arrive")
-	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second of the emulator started for each case (default 16; 60 with --quick; 1 in a soak); with --core-url, that of an emulator started apart (default 1: a real Core)")
+	fs.Float64Var(&o.speedup, "speedup", 0, "virtual seconds per real second, above 0 and at most 1e6, of the emulator started for each case (default 16; 60 with --quick; 1 in a soak); with --core-url, that of an emulator started apart (default 1: a real Core)")
 	fs.IntVar(&o.submissions, "submissions", 0, "number of submissions (default 2000; 200 with --quick)")
 	fs.IntVar(&o.files, "files", 0, "number of distinct files (default 800; 40 with --quick)")
 	fs.StringVar(&o.dataDir, "data-dir", filepath.Join(cache, "mdbench"), "where the data set is generated and cached")
@@ -110,13 +121,87 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	if o.speedup < 0 || o.submissions < 0 || o.files < 0 || o.concurrency < 1 {
-		return nil, usageError{errors.New("--speedup, --submissions, --files must be >= 0 and --fetch-concurrency >= 1")}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	// Left out, --speedup is 0: the default of the run (see its help). Given, it is the
+	// speed-up itself; !(x > 0) also refuses NaN.
+	if set["speedup"] && !(o.speedup > 0 && o.speedup <= maxSpeedup) {
+		return nil, usageError{fmt.Errorf("--speedup %v: want a number of virtual seconds per real second above 0 and at most %g (leave it out for the default)", o.speedup, maxSpeedup)}
 	}
-	if o.soak < 0 || o.soakInterval <= 0 || (o.soak > 0 && o.soak < 6*o.soakInterval) {
+	if o.submissions < 0 || o.files < 0 || o.concurrency < 1 {
+		return nil, usageError{errors.New("--submissions, --files must be >= 0 and --fetch-concurrency >= 1")}
+	}
+	// soak/6 rather than 6*interval, which overflows for an interval over 427 000 h.
+	if o.soak < 0 || o.soakInterval <= 0 || (o.soak > 0 && o.soak/6 < o.soakInterval) {
 		return nil, usageError{fmt.Errorf("--soak %v, --soak-interval %v: want an interval above 0 and a soak of at least 6 intervals", o.soak, o.soakInterval)}
 	}
+	if err := errors.Join(checkURL("core-url", o.coreURL), checkURL("bridge-callback-url", o.bridgeCBURL)); err != nil {
+		return nil, usageError{err}
+	}
+	if o.chartPath != "" {
+		if err := bench.CheckChartPath(o.chartPath); err != nil {
+			return nil, usageError{fmt.Errorf("--chart %s: want a file ending in .png or .svg", o.chartPath)}
+		}
+	}
+	if err := errors.Join(checkOutput("json", o.jsonPath), checkOutput("chart", o.chartPath)); err != nil {
+		return nil, usageError{err}
+	}
+	o.pub = bench.SeedTable()
+	if o.seedCSV != "" {
+		p, err := bench.LoadPublished(o.seedCSV)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--seed-csv %s: %w; want a readable CSV in the columns of bench/testdata/published.csv", o.seedCSV, err)}
+		}
+		o.pub = p
+	}
 	return o, nil
+}
+
+// checkURL returns an error naming --name unless u is empty or an http or https URL
+// with a host.
+func checkURL(name, u string) error {
+	if u == "" {
+		return nil
+	}
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Hostname() == "" {
+		return fmt.Errorf("--%s %q: want an http or https URL with a host, e.g. http://core:8008", name, u)
+	}
+	return nil
+}
+
+// checkOutput returns an error naming --name unless path is empty or a file mdbench
+// can write once the run is over: an existing regular file that opens for writing
+// (checked without truncating it), or a new file in an existing directory where one can
+// be created (a probe file is created there and removed).
+func checkOutput(name, path string) error {
+	if path == "" {
+		return nil
+	}
+	bad := func(err error) error {
+		return fmt.Errorf("--%s %s: %w; want a file path in an existing, writable directory", name, path, err)
+	}
+	if st, err := os.Stat(path); err == nil {
+		if !st.Mode().IsRegular() {
+			return bad(errors.New("not a regular file"))
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return bad(err)
+		}
+		return f.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return bad(err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".mdbench-probe-*")
+	if err != nil {
+		return bad(err)
+	}
+	f.Close()
+	if err := os.Remove(f.Name()); err != nil {
+		return bad(err)
+	}
+	return nil
 }
 
 // run is mdbench with its flags in args and its environment in environ: the CORESIM_*
@@ -187,10 +272,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return err
 	}
-	pub := bench.SeedTable()
-	if p, err := bench.LoadPublished(o.seedCSV); err == nil {
-		pub = p
-	}
+	pub := o.pub
 
 	tty := isTerminal(stderr)
 	var figs []bench.Figures
