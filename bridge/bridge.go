@@ -473,35 +473,53 @@ type Answer struct {
 // Overdue by the same rules from the shared submission time, with this replica's own
 // record of callbacks and questions (each replica asks Core at most once per Refresh per
 // id). The store is asked once a poll (Store.Lookup); when it cannot answer, only this
-// replica's own submissions are known.
+// replica's own submissions are known. When it answers without one of this replica's
+// own pending ids (Redis lost it), the id is recorded there again.
 func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 	se := b.store.Lookup(dataID)
 	if se.Stored && se.Result.Owner == owner {
 		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
 	}
+	a, lost := b.pollLocked(dataID, owner, se)
+	if lost != nil {
+		// The shared store answered without this replica's own pending id: Redis lost
+		// it (restarted empty, flushed, or evicted it under maxmemory), and the polls
+		// of the other replicas would go to Core and its limit. Recorded again.
+		b.store.PutPending(dataID, *lost)
+	}
+	return a
+}
+
+// pollLocked is Poll once the store answered se: the answer, and this replica's own
+// pending id when the store keeps pending ids, answered, and has lost it (nil
+// otherwise). It takes b.mu.
+func (b *Bridge) pollLocked(dataID string, owner Owner, se Entry) (a Answer, lost *PendingID) {
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entryLocked(dataID, se)
 	if e == nil || e.owner != owner {
-		return Answer{Source: Miss}
+		return Answer{Source: Miss}, nil
 	}
 	if now.Sub(e.submitted) > b.pendingTTL {
 		b.dropLocked(e)
-		return Answer{Source: Miss}
+		return Answer{Source: Miss}, nil
 	}
-	a := Answer{Source: Pending, Body: e.last, ContentType: e.lastType}
+	if se.Checked && !se.IsPending && !se.Stored && !e.shared {
+		lost = &PendingID{Owner: e.owner, Submitted: e.submitted}
+	}
+	a = Answer{Source: Pending, Body: e.last, ContentType: e.lastType}
 	if b.callbacksLostLocked() {
 		// No callback comes at all: every poll asks Core, within the route's limit, as
 		// without the bridge but never answered with the limit's 503.
 		a.Source = Overdue
-		return a
+		return a, lost
 	}
 	if b.overdueLocked(e, now) && (e.asked.IsZero() || now.Sub(e.asked) >= b.refresh) {
 		e.asked = now
 		a.Source = Overdue
 	}
-	return a
+	return a, lost
 }
 
 // overdueLocked reports whether e's callback looks overdue at now: a callback was

@@ -247,6 +247,7 @@ func (s *RedisStore) Lookup(dataID string) Entry {
 	if s.done(err) {
 		e.Result, e.Stored = decodeResult(res.Val())
 		e.Pending, e.IsPending = decodePending(pend.Val())
+		e.Checked = true
 	}
 	if !e.Stored {
 		e.Result, e.Stored = s.localGet(dataID)

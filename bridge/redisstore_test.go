@@ -333,6 +333,43 @@ func TestRedisReplicas(t *testing.T) {
 	}
 }
 
+// TestRedisPendingLost: when Redis loses a pending id (restarted empty, flushed, or
+// evicted it under maxmemory), the replica that submitted it records it again at its
+// next poll of the id, so that the other replicas answer its polls as pending again,
+// without Core and its limit; and the callback still stores the result for all.
+func TestRedisPendingLost(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clock := newFakeClock()
+	a := newReplica(t, srv, clock, Options{Refresh: time.Minute})
+	b := newReplica(t, srv, clock, Options{Refresh: time.Minute})
+	_, secret, err := a.Callback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Submitted("x", secret, alice)
+	wantPoll(t, b.Bridge, "x", alice, Pending, InProgress("x"))
+
+	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wantPoll(t, b.Bridge, "x", alice, Miss, nil) // lost: B cannot know
+	wantPoll(t, a.Bridge, "x", alice, Pending, InProgress("x"))
+	wantTTL(t, rdb, "mdproxy:pending:{x}", testPendingTTL)
+	wantPoll(t, b.Bridge, "x", alice, Pending, InProgress("x"))
+	wantPoll(t, b.Bridge, "x", bob, Miss, nil)
+
+	body := infectedResult("x")
+	if code := post(t, a.srv, secret, body); code != 200 {
+		t.Fatalf("callback to A = %d, want 200", code)
+	}
+	wantPoll(t, b.Bridge, "x", alice, Stored, body)
+	wantNoKey(t, rdb, "mdproxy:pending:{x}")
+	// A stored result is never made pending again.
+	wantPoll(t, a.Bridge, "x", alice, Stored, body)
+	wantNoKey(t, rdb, "mdproxy:pending:{x}")
+}
+
 // TestRedisReplicasObserve: the final result Core gives B's question about A's
 // submission is stored for every replica, and B's Gone makes it no longer pending.
 func TestRedisReplicasObserve(t *testing.T) {

@@ -47,6 +47,10 @@ type Entry struct {
 	Stored    bool
 	Pending   PendingID
 	IsPending bool
+	// Checked: the store keeps pending ids and answered, so that IsPending false means
+	// it holds none for the id (a RedisStore that Redis answered); false for a
+	// MemoryStore, which keeps none.
+	Checked bool
 }
 
 // Store holds final results by data_id and, when several replicas share it, the ids
