@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 )
 
 // Defaults of NewRedisStore.
@@ -28,6 +29,14 @@ const (
 // put over its time to live (Len, Bytes): the counts are exact to a bucket's width,
 // ttl/putBuckets.
 const putBuckets = 64
+
+// storeFailuresToOpen calls of a RedisStore in a row that Redis does not answer make it
+// skip Redis, and storeRetryEvery later one call tries it again (as the limiter's
+// breaker does, limiter.RedisOptions).
+const (
+	storeFailuresToOpen = 3
+	storeRetryEvery     = time.Second
+)
 
 // replyErrorLogEvery is the least interval between two log lines about errors Redis
 // answered (it is up, but refuses: out of memory with noeviction, a key of another type).
@@ -94,6 +103,10 @@ type RedisStore struct {
 	localMu sync.Mutex // held while local is made, and by Close
 	closed  bool       // Close was called: local is closed as soon as it is made
 
+	// cb skips Redis while it does not answer (storeFailuresToOpen calls in a row),
+	// trying one call again every storeRetryEvery: a hung Redis costs a poll nothing
+	// then, rather than the timeout each.
+	cb           *gobreaker.TwoStepCircuitBreaker[struct{}]
 	down         atomic.Bool  // the last call failed without an answer of Redis
 	failures     atomic.Int64 // calls that failed, since the start
 	lastReplyLog atomic.Int64 // Unix nanoseconds of the last log line about a refusal
@@ -159,6 +172,12 @@ func NewRedisStore(rdb redis.UniversalClient, prefix string, ttl, pendingTTL, ti
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &RedisStore{
+		cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+			Name:        "redis-store",
+			MaxRequests: 1,
+			Timeout:     storeRetryEvery,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= storeFailuresToOpen },
+		}),
 		rdb:        rdb,
 		prefix:     cmpOr(prefix, DefaultRedisPrefix),
 		ttl:        ttl,
@@ -187,9 +206,29 @@ func contextTimeoutEnabled(rdb redis.UniversalClient) bool {
 func (s *RedisStore) resultKey(dataID string) string  { return s.prefix + "result:{" + dataID + "}" }
 func (s *RedisStore) pendingKey(dataID string) string { return s.prefix + "pending:{" + dataID + "}" }
 
-// call returns the context of one call to Redis: the store's timeout from now.
-func (s *RedisStore) call() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), s.timeout)
+// errSkipped is the error of a call not made: Redis did not answer the calls before it
+// (the breaker is open).
+var errSkipped = errors.New("Redis skipped: it did not answer the calls before")
+
+// call returns the context of one call to Redis, the store's timeout from now, and the
+// function to pass the call's error to (done); ok is false when Redis is skipped (the
+// breaker is open): the caller then passes errSkipped to done without calling Redis.
+func (s *RedisStore) call() (ctx context.Context, done func(error) bool, ok bool) {
+	settle, err := s.cb.Allow()
+	if err != nil {
+		return nil, func(error) bool { return s.done(errSkipped) }, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	return ctx, func(err error) bool {
+		cancel()
+		ok := s.done(err)
+		if _, refused := errors.AsType[redis.Error](err); ok || refused {
+			settle(nil) // Redis answered: it is up
+		} else {
+			settle(err)
+		}
+		return ok
+	}, true
 }
 
 // done records how a call to Redis ended and reports whether it succeeded: a failure is
@@ -211,7 +250,7 @@ func (s *RedisStore) done(err error) bool {
 		}
 		return false
 	}
-	if s.down.CompareAndSwap(false, true) {
+	if s.down.CompareAndSwap(false, true) && err != errSkipped {
 		s.log.Warn("bridge: Redis does not answer: results and pending ids are not shared (results called back meanwhile are kept in this replica's memory), polls that miss go to Core", "err", err.Error(), "timeout", s.timeout.String())
 	}
 	return false
@@ -220,10 +259,13 @@ func (s *RedisStore) done(err error) bool {
 // Get returns the result kept for dataID: Redis's, or else the one this replica kept in
 // its memory because Redis did not take it (see Put); a miss when neither holds one.
 func (s *RedisStore) Get(dataID string) (Result, bool) {
-	ctx, cancel := s.call()
-	defer cancel()
-	m, err := s.rdb.HGetAll(ctx, s.resultKey(dataID)).Result()
-	if s.done(err) {
+	ctx, done, ok := s.call()
+	var m map[string]string
+	err := errSkipped
+	if ok {
+		m, err = s.rdb.HGetAll(ctx, s.resultKey(dataID)).Result()
+	}
+	if done(err) {
 		if r, ok := decodeResult(m); ok {
 			return r, true
 		}
@@ -235,16 +277,18 @@ func (s *RedisStore) Get(dataID string) (Result, bool) {
 // transaction; when Redis holds no result for it or does not answer within the timeout,
 // the result this replica kept in its memory, if any (see Put).
 func (s *RedisStore) Lookup(dataID string) Entry {
-	ctx, cancel := s.call()
-	defer cancel()
+	ctx, done, ok := s.call()
 	var res, pend *redis.MapStringStringCmd
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		res = p.HGetAll(ctx, s.resultKey(dataID))
-		pend = p.HGetAll(ctx, s.pendingKey(dataID))
-		return nil
-	})
+	err := errSkipped
+	if ok {
+		_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			res = p.HGetAll(ctx, s.resultKey(dataID))
+			pend = p.HGetAll(ctx, s.pendingKey(dataID))
+			return nil
+		})
+	}
 	var e Entry
-	if s.done(err) {
+	if done(err) {
 		e.Result, e.Stored = decodeResult(res.Val())
 		e.Pending, e.IsPending = decodePending(pend.Val())
 		e.Checked = true
@@ -273,18 +317,20 @@ func (s *RedisStore) localGet(dataID string) (Result, bool) {
 func (s *RedisStore) Put(dataID string, r Result) {
 	w := int64(weightOf(dataID, r))
 	keep := w <= s.maxEntry
-	ctx, cancel := s.call()
-	defer cancel()
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, s.pendingKey(dataID))
-		if keep {
-			key := s.resultKey(dataID)
-			p.HSet(ctx, key, "body", r.Body, "type", r.ContentType, "owner", hex.EncodeToString(r.Owner[:]))
-			p.PExpire(ctx, key, s.ttl)
-		}
-		return nil
-	})
-	ok := s.done(err) // Redis's state is recorded for every call
+	ctx, done, ok := s.call()
+	err := errSkipped
+	if ok {
+		_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, s.pendingKey(dataID))
+			if keep {
+				key := s.resultKey(dataID)
+				p.HSet(ctx, key, "body", r.Body, "type", r.ContentType, "owner", hex.EncodeToString(r.Owner[:]))
+				p.PExpire(ctx, key, s.ttl)
+			}
+			return nil
+		})
+	}
+	ok = done(err) // Redis's state is recorded for every call
 	if !keep {
 		return
 	}
@@ -336,21 +382,25 @@ func (s *RedisStore) Close() {
 // PutPending records p for dataID for the pending time to live, unless a result is
 // stored for dataID. Nothing changes when Redis does not answer within the timeout.
 func (s *RedisStore) PutPending(dataID string, p PendingID) {
-	ctx, cancel := s.call()
-	defer cancel()
-	err := putPendingScript.Run(ctx, s.rdb,
-		[]string{s.resultKey(dataID), s.pendingKey(dataID)},
-		hex.EncodeToString(p.Owner[:]), p.Submitted.UnixMilli(), s.pendingTTL.Milliseconds()).Err()
-	s.done(err)
+	ctx, done, ok := s.call()
+	err := errSkipped
+	if ok {
+		err = putPendingScript.Run(ctx, s.rdb,
+			[]string{s.resultKey(dataID), s.pendingKey(dataID)},
+			hex.EncodeToString(p.Owner[:]), p.Submitted.UnixMilli(), s.pendingTTL.Milliseconds()).Err()
+	}
+	done(err)
 }
 
 // DropPending deletes dataID's pending id if owner submitted it. Nothing changes when
 // Redis does not answer within the timeout.
 func (s *RedisStore) DropPending(dataID string, owner Owner) {
-	ctx, cancel := s.call()
-	defer cancel()
-	err := dropPendingScript.Run(ctx, s.rdb, []string{s.pendingKey(dataID)}, hex.EncodeToString(owner[:])).Err()
-	s.done(err)
+	ctx, done, ok := s.call()
+	err := errSkipped
+	if ok {
+		err = dropPendingScript.Run(ctx, s.rdb, []string{s.pendingKey(dataID)}, hex.EncodeToString(owner[:])).Err()
+	}
+	done(err)
 }
 
 // decodeResult reads a result hash; a hash without an owner of 32 bytes in hex is none.

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -585,6 +586,101 @@ func TestRedisTimeout(t *testing.T) {
 		timed(t, "Put", max, func() { s.Put("a", Result{Body: finalResult("a")}) })
 		timed(t, "PutPending", max, func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
 		timed(t, "DropPending", max, func() { s.DropPending("a", alice) })
+	}
+}
+
+// TestRedisStoreSkipsHungRedis: once Redis has not answered storeFailuresToOpen calls
+// in a row, the store skips it (a poll then costs nothing of a hung Redis, rather than
+// the timeout each: nothing more is sent to it), and it tries Redis again every
+// storeRetryEvery: a Redis that answers again is used again.
+func TestRedisStoreSkipsHungRedis(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		conns    []net.Conn
+		received atomic.Int64 // bytes the clients sent: the commands
+		wg       sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Read(buf)
+					received.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, 20*time.Millisecond, testMaxBytes, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	for range storeFailuresToOpen {
+		s.Lookup("a")
+	}
+	sent := received.Load()
+	if sent == 0 {
+		t.Fatal("the hung Redis received nothing of the first calls")
+	}
+	start := time.Now()
+	for range 10 { // 400 ms of timeouts if each reached Redis: within storeRetryEvery
+		s.Lookup("a")
+		s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()})
+	}
+	time.Sleep(50 * time.Millisecond) // any command sent meanwhile has arrived
+	if got := received.Load(); got != sent && time.Since(start) < storeRetryEvery {
+		t.Errorf("the hung Redis received %d bytes more after %d calls it did not answer, want none: the store skips it", got-sent, storeFailuresToOpen)
+	}
+
+	// A Redis that answers again is used again, within storeRetryEvery or so.
+	srv := redistest.Start(t)
+	s2, err := NewRedisStore(srv.Client(t), "", testTTL, testPendingTTL, DefaultRedisTimeout, testMaxBytes, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s2.Close)
+	srv.Stop()
+	for range storeFailuresToOpen + 1 {
+		s2.Lookup("b")
+	}
+	srv.Restart()
+	other := newRedisStore(t, srv, "", testTimeout)
+	other.Put("b", Result{Body: finalResult("b"), Owner: alice})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok := s2.Get("b"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store never used Redis again after it came back (30 s)")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
