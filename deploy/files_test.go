@@ -1198,12 +1198,20 @@ func TestGatewayManifests(t *testing.T) {
 		t.Errorf("%s: Deployment %s: %s", dir, gw.Metadata.Name, p)
 	}
 
-	// The Service to the API, and Prometheus's scrape in job mdproxy.
+	// The Service to the API, without the admin port (/config is not for clients), and
+	// Prometheus's scrape in job mdproxy.
 	api, monitored := false, false
 	for _, o := range objects {
 		switch {
 		case o.Kind == "Service" && labelsMatch(o.Spec.Selector, gw.Spec.Template.Metadata.Labels):
-			api = len(o.Spec.Ports) > 0 && o.Spec.Ports[0].TargetPort == "api"
+			if len(o.Spec.Ports) > 0 && o.Spec.Ports[0].TargetPort == "api" {
+				api = true
+				for _, p := range o.Spec.Ports {
+					if p.TargetPort == "admin" {
+						t.Errorf("%s: the clients' Service %s has the admin port too", dir, o.Metadata.Name)
+					}
+				}
+			}
 		case o.Kind == "ServiceMonitor":
 			for _, ep := range o.Spec.Endpoints {
 				for _, r := range ep.Relabelings {
