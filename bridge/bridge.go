@@ -34,6 +34,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/semaphore"
 	"io"
 	"log/slog"
 	"net/http"
@@ -87,6 +88,10 @@ const (
 	// went: another method than POST (405), or, on a live secret path, a body over
 	// MaxCallbackBytes (413), not JSON, without the secret's data_id, or not final (400).
 	OutcomeInvalid = "invalid"
+	// OutcomeBusy: a callback on a live secret path refused with 503 and Retry-After
+	// (Core delivers it again) because the callback bodies being read at once would
+	// weigh more than MaxCallbackBytes in all.
+	OutcomeBusy = "busy"
 )
 
 // Options configure a Bridge. The zero value of each field but CallbackURL and Store
@@ -160,7 +165,10 @@ type Bridge struct {
 	earlyBytes      int64
 	lastIssuedSweep time.Time
 
-	stored, forged, invalid atomic.Uint64
+	stored, forged, invalid, busy atomic.Uint64
+	// bodies bounds the callback bodies read at once to maxBody bytes in all: each
+	// callback takes its Content-Length (maxBody when unknown) while it is read.
+	bodies *semaphore.Weighted
 }
 
 // pendingEntry is a submission whose final result has not arrived.
@@ -226,6 +234,7 @@ func New(o Options) (*Bridge, error) {
 		pendingTTL: cmpOr(o.PendingTTL, DefaultPendingTTL),
 		maxBody:    cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes),
 		maxLast:    cmpOr(o.MaxPendingBytes, DefaultMaxPendingBytes),
+		bodies:     semaphore.NewWeighted(cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes)),
 		now:        o.Now,
 		log:        o.Logger,
 		pending:    map[string]*pendingEntry{},
@@ -476,7 +485,7 @@ type Answer struct {
 // replica's own submissions are known. When it answers without one of this replica's
 // own pending ids (Redis lost it), the id is recorded there again.
 func (b *Bridge) Poll(dataID string, owner Owner) Answer {
-	se := b.store.Lookup(dataID)
+	se := b.store.Lookup(dataID, owner)
 	if se.Stored && se.Result.Owner == owner {
 		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
 	}
@@ -568,7 +577,7 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 		return
 	}
 	if r.final() {
-		se := b.store.Lookup(dataID)
+		se := b.store.Lookup(dataID, owner)
 		b.mu.Lock()
 		e := b.entryLocked(dataID, se)
 		b.mu.Unlock()
@@ -670,13 +679,15 @@ func (b *Bridge) PendingLen() int {
 }
 
 // Callbacks returns the number of callbacks received since New, by outcome: a key for
-// each outcome (OutcomeStored, OutcomeForged, OutcomeInvalid), always all of them.
+// each outcome (OutcomeStored, OutcomeForged, OutcomeInvalid, OutcomeBusy), always all
+// of them.
 // The counts only grow.
 func (b *Bridge) Callbacks() map[string]float64 {
 	return map[string]float64{
 		OutcomeStored:  float64(b.stored.Load()),
 		OutcomeForged:  float64(b.forged.Load()),
 		OutcomeInvalid: float64(b.invalid.Load()),
+		OutcomeBusy:    float64(b.busy.Load()),
 	}
 }
 
@@ -732,6 +743,16 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		b.refuse(w, &b.invalid, http.StatusRequestEntityTooLarge, "Request body too large", "reason", "size")
 		return
 	}
+	need := r.ContentLength
+	if need < 0 {
+		need = b.maxBody
+	}
+	if !b.bodies.TryAcquire(need) {
+		w.Header().Set("Retry-After", "1")
+		b.refuse(w, &b.busy, http.StatusServiceUnavailable, "Server is too busy. Try again later.", "reason", "busy")
+		return
+	}
+	defer b.bodies.Release(need)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, b.maxBody))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {

@@ -378,7 +378,7 @@ func send(t *testing.T, srv *httptest.Server, method, path string, body io.Reade
 }
 
 // outcomes lists every callback outcome, the fixed set Callbacks reports.
-var outcomes = []string{OutcomeStored, OutcomeForged, OutcomeInvalid}
+var outcomes = []string{OutcomeStored, OutcomeForged, OutcomeInvalid, OutcomeBusy}
 
 // counts returns b's callback counts, checking that the set of outcomes is the fixed one.
 func counts(t *testing.T, b *Bridge) map[string]float64 {
@@ -911,4 +911,66 @@ func TestCallbackURLWithPath(t *testing.T) {
 		}
 		wantPoll(t, tb.Bridge, id, alice, Stored, finalResult(id))
 	}
+}
+
+// TestCallbackBodiesBounded: the callback bodies read at once weigh at most
+// MaxCallbackBytes in all: while one callback's body is being read, another that would
+// pass the bound is refused with 503 and Retry-After (Core delivers it again), counted
+// busy, and stores nothing; once the first is read, the second is taken.
+func TestCallbackBodiesBounded(t *testing.T) {
+	tb := newTestBridge(t, Options{MaxCallbackBytes: 4096})
+	srv := httptest.NewServer(tb.Handler())
+	t.Cleanup(srv.Close)
+	first, second := tb.submit(t, "d1", alice), tb.submit(t, "d2", alice)
+	body1, body2 := finalResult("d1"), finalResult("d2")
+	pad := func(b []byte) []byte { return append(b, bytes.Repeat([]byte(" "), 3000-len(b))...) }
+	body1, body2 = pad(body1), pad(body2)
+
+	// The first callback's body comes slowly: its half, then the rest later.
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+CallbackPath+first, pr)
+		req.ContentLength = int64(len(body1))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	if _, err := pw.Write(body1[:1500]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the listener reads it, holding 3000 of 4096 bytes
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+CallbackPath+second, bytes.NewReader(body2))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !bytes.HasPrefix(answer, []byte(`{"err":`)) {
+		t.Errorf("second callback while the first is read = %d %s (Retry-After %q), want 503 with Retry-After in Core's format",
+			resp.StatusCode, answer, resp.Header.Get("Retry-After"))
+	}
+	if n := tb.Callbacks()[OutcomeBusy]; n != 1 {
+		t.Errorf("Callbacks()[busy] = %v, want 1", n)
+	}
+	wantPoll(t, tb.Bridge, "d2", alice, Pending, InProgress("d2"))
+
+	if _, err := pw.Write(body1[1500:]); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("first callback = %d, want 200", code)
+	}
+	if code := post(t, srv, second, body2); code != http.StatusOK {
+		t.Errorf("second callback delivered again = %d, want 200", code)
+	}
+	wantPoll(t, tb.Bridge, "d1", alice, Stored, body1)
+	wantPoll(t, tb.Bridge, "d2", alice, Stored, body2)
 }

@@ -49,7 +49,7 @@ func TestRegisterBridge(t *testing.T) {
 		}
 		callbacks[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
 	}
-	want := map[string]float64{OutcomeStored: 1, OutcomeForged: 2, OutcomeInvalid: 1}
+	want := map[string]float64{OutcomeStored: 1, OutcomeForged: 2, OutcomeInvalid: 1, OutcomeBusy: 0}
 	if len(callbacks) != len(want) {
 		t.Errorf("mdproxy_bridge_callbacks_total = %v, want the series %v", callbacks, want)
 	}
@@ -79,7 +79,7 @@ func TestRegisterBridge(t *testing.T) {
 	if err != nil || len(problems) != 0 {
 		t.Errorf("GatherAndLint = %v, %v, want no problem", problems, err)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 6 {
-		t.Errorf("GatherAndCount = %d, %v, want 6 series (3 outcomes, 3 gauges)", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 7 {
+		t.Errorf("GatherAndCount = %d, %v, want 7 series (4 outcomes, 3 gauges)", n, err)
 	}
 }

@@ -135,6 +135,19 @@ redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'submitted', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1`)
 
+// lookupScript reads what Redis holds for an id in one round trip: the result's owner
+// (KEYS[1]), its type and body only when that owner is ARGV[1] (hex), and the pending
+// id (KEYS[2]). It returns {owner or false, type or false, body or false, pending
+// hash as field, value, ...}.
+var lookupScript = redis.NewScript(`
+local owner = redis.call('HGET', KEYS[1], 'owner')
+local typ, body = false, false
+if owner == ARGV[1] then
+  typ = redis.call('HGET', KEYS[1], 'type')
+  body = redis.call('HGET', KEYS[1], 'body')
+end
+return {owner, typ, body, redis.call('HGETALL', KEYS[2])}`)
+
 // dropPendingScript deletes a pending id (KEYS[1]) if its owner is ARGV[1] (hex).
 var dropPendingScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -273,30 +286,64 @@ func (s *RedisStore) Get(dataID string) (Result, bool) {
 	return s.localGet(dataID)
 }
 
-// Lookup returns the result and the pending id kept for dataID, read in one
-// transaction; when Redis holds no result for it or does not answer within the timeout,
-// the result this replica kept in its memory, if any (see Put).
-func (s *RedisStore) Lookup(dataID string) Entry {
+// Lookup returns the result and the pending id kept for dataID, read in one round trip
+// (lookupScript), the result's body and type only when its owner is owner; when Redis
+// holds no result for it or does not answer within the timeout, the result this
+// replica kept in its memory, if any (see Put).
+func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 	ctx, done, ok := s.call()
-	var res, pend *redis.MapStringStringCmd
+	var reply []any
 	err := errSkipped
 	if ok {
-		_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			res = p.HGetAll(ctx, s.resultKey(dataID))
-			pend = p.HGetAll(ctx, s.pendingKey(dataID))
-			return nil
-		})
+		var v any
+		v, err = lookupScript.Run(ctx, s.rdb, []string{s.resultKey(dataID), s.pendingKey(dataID)}, hex.EncodeToString(owner[:])).Result()
+		if reply, ok = v.([]any); err == nil && (!ok || len(reply) != 4) {
+			err = fmt.Errorf("bridge: Redis's answer to a look-up has the wrong shape: %T", v)
+		}
 	}
 	var e Entry
 	if done(err) {
-		e.Result, e.Stored = decodeResult(res.Val())
-		e.Pending, e.IsPending = decodePending(pend.Val())
+		e.Result, e.Stored = decodeLookup(reply, owner)
+		pend, _ := reply[3].([]any)
+		m := make(map[string]string, len(pend)/2)
+		for i := 0; i+1 < len(pend); i += 2 {
+			k, _ := pend[i].(string)
+			v, _ := pend[i+1].(string)
+			m[k] = v
+		}
+		e.Pending, e.IsPending = decodePending(m)
 		e.Checked = true
 	}
 	if !e.Stored {
-		e.Result, e.Stored = s.localGet(dataID)
+		if r, ok := s.localGet(dataID); ok {
+			if r.Owner != owner {
+				r = Result{Owner: r.Owner}
+			}
+			e.Result, e.Stored = r, true
+		}
 	}
 	return e
+}
+
+// decodeLookup reads the result part of lookupScript's reply for a poll of asker:
+// stored when it names an owner of 32 bytes in hex, with its type and body when that
+// owner is asker (none stored if the body did not come then: a hash without one).
+func decodeLookup(reply []any, asker Owner) (Result, bool) {
+	o, _ := reply[0].(string)
+	owner, ok := decodeOwner(o)
+	if !ok {
+		return Result{}, false
+	}
+	r := Result{Owner: owner}
+	if owner == asker {
+		body, ok := reply[2].(string)
+		if !ok {
+			return Result{}, false
+		}
+		r.Body = []byte(body)
+		r.ContentType, _ = reply[1].(string)
+	}
+	return r, true
 }
 
 // localGet returns the result kept in this replica's memory for dataID, if any: one

@@ -136,14 +136,14 @@ func TestRedisStore(t *testing.T) {
 	if _, ok := s.Get("a"); ok {
 		t.Errorf("Get(a) on an empty store found something")
 	}
-	if e := s.Lookup("a"); e.Stored || e.IsPending {
+	if e := s.Lookup("a", alice); e.Stored || e.IsPending {
 		t.Errorf("Lookup(a) on an empty store = %+v, want nothing", e)
 	}
 
 	// Pending, then its result, which ends it.
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
 	s.PutPending("a", PendingID{Owner: alice, Submitted: at})
-	e := s.Lookup("a")
+	e := s.Lookup("a", alice)
 	if !e.IsPending || e.Pending.Owner != alice || !e.Pending.Submitted.Equal(at) || e.Stored {
 		t.Errorf("Lookup(a) after PutPending = %+v, want pending for alice at %v", e, at)
 	}
@@ -159,9 +159,14 @@ func TestRedisStore(t *testing.T) {
 	if !ok || !bytes.Equal(got.Body, want.Body) || got.ContentType != want.ContentType || got.Owner != want.Owner {
 		t.Errorf("Get(a) = %+v, %v, want %+v", got, ok, want)
 	}
-	e = s.Lookup("a")
-	if !e.Stored || !bytes.Equal(e.Result.Body, body) || e.IsPending {
+	e = s.Lookup("a", alice)
+	if !e.Stored || !bytes.Equal(e.Result.Body, body) || e.Result.ContentType != want.ContentType || e.IsPending {
 		t.Errorf("Lookup(a) after Put = %+v, want the result and no pending id", e)
+	}
+	// Another client's poll learns whose result it is, not the result: Redis sends no
+	// body (a result may weigh megabytes, and Core decides that client's access).
+	if e := s.Lookup("a", bob); !e.Stored || e.Result.Owner != alice || e.Result.Body != nil || e.Result.ContentType != "" {
+		t.Errorf("bob's Lookup(a) = %+v, want alice's result named, without its body or type", e)
 	}
 	wantTTL(t, rdb, "mdproxy:result:{a}", testTTL)
 	wantNoKey(t, rdb, "mdproxy:pending:{a}")
@@ -177,7 +182,7 @@ func TestRedisStore(t *testing.T) {
 
 	// A pending id is not recorded over a stored result (a callback stored first).
 	s.PutPending("a", PendingID{Owner: alice, Submitted: at})
-	if e := s.Lookup("a"); e.IsPending {
+	if e := s.Lookup("a", alice); e.IsPending {
 		t.Errorf("Lookup(a) after a PutPending over a result = %+v, want no pending id", e)
 	}
 
@@ -190,11 +195,11 @@ func TestRedisStore(t *testing.T) {
 	// DropPending only for the owner.
 	s.PutPending("b", PendingID{Owner: alice, Submitted: at})
 	s.DropPending("b", bob)
-	if e := s.Lookup("b"); !e.IsPending {
+	if e := s.Lookup("b", alice); !e.IsPending {
 		t.Errorf("Lookup(b) after another owner's DropPending = %+v, want still pending", e)
 	}
 	s.DropPending("b", alice)
-	if e := s.Lookup("b"); e.IsPending {
+	if e := s.Lookup("b", alice); e.IsPending {
 		t.Errorf("Lookup(b) after DropPending = %+v, want none", e)
 	}
 
@@ -231,7 +236,7 @@ func TestRedisStoreLarge(t *testing.T) {
 	if _, ok := s.Get("fits"); !ok {
 		t.Errorf("Get(fits) found nothing, want a result of max/16 kept")
 	}
-	if e := s.Lookup("bigs"); e.Stored || e.IsPending {
+	if e := s.Lookup("bigs", alice); e.Stored || e.IsPending {
 		t.Errorf("Lookup(bigs) = stored %v, pending %v, want neither: too large, and no longer pending", e.Stored, e.IsPending)
 	}
 	if s.Len() != 1 || s.Bytes() != max/16 {
@@ -450,7 +455,7 @@ func TestRedisOutage(t *testing.T) {
 			}
 		})
 		timed(t, "Lookup", max, func() {
-			if e := a.store.Lookup("x"); e.Stored || e.IsPending {
+			if e := a.store.Lookup("x", alice); e.Stored || e.IsPending {
 				t.Errorf("Lookup(x) with Redis out = %+v, want nothing", e)
 			}
 		})
@@ -468,7 +473,7 @@ func TestRedisOutage(t *testing.T) {
 	if r, ok := a.store.Get("new"); !ok || !bytes.Equal(r.Body, finalResult("new")) {
 		t.Errorf("A's Get(new) with Redis out = %q, %v, want the result A put during the outage", r.Body, ok)
 	}
-	if e := a.store.Lookup("new"); !e.Stored || e.Result.Owner != alice {
+	if e := a.store.Lookup("new", alice); !e.Stored || e.Result.Owner != alice {
 		t.Errorf("A's Lookup(new) with Redis out = %+v, want its result", e)
 	}
 	if _, ok := b.store.Get("new"); ok {
@@ -582,7 +587,7 @@ func TestRedisTimeout(t *testing.T) {
 				t.Errorf("Get(a) from a silent Redis: found %v, want %v", ok, i > 0)
 			}
 		})
-		timed(t, "Lookup", max, func() { s.Lookup("a") })
+		timed(t, "Lookup", max, func() { s.Lookup("a", alice) })
 		timed(t, "Put", max, func() { s.Put("a", Result{Body: finalResult("a")}) })
 		timed(t, "PutPending", max, func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
 		timed(t, "DropPending", max, func() { s.DropPending("a", alice) })
@@ -642,7 +647,7 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 	}
 	t.Cleanup(s.Close)
 	for range storeFailuresToOpen {
-		s.Lookup("a")
+		s.Lookup("a", alice)
 	}
 	sent := received.Load()
 	if sent == 0 {
@@ -650,7 +655,7 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 	}
 	start := time.Now()
 	for range 10 { // 400 ms of timeouts if each reached Redis: within storeRetryEvery
-		s.Lookup("a")
+		s.Lookup("a", alice)
 		s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()})
 	}
 	time.Sleep(50 * time.Millisecond) // any command sent meanwhile has arrived
@@ -667,7 +672,7 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 	t.Cleanup(s2.Close)
 	srv.Stop()
 	for range storeFailuresToOpen + 1 {
-		s2.Lookup("b")
+		s2.Lookup("b", alice)
 	}
 	srv.Restart()
 	other := newRedisStore(t, srv, "", testTimeout)

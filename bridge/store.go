@@ -62,7 +62,10 @@ type Entry struct {
 // for dataID, replacing any earlier result, and ends dataID's pending id if the store
 // keeps one (also when it declines r); a store may decline to keep r (too large, or
 // unreachable), so a Put never promises a later Get. Lookup returns in one call what
-// the store holds for dataID, result and pending id, as they were at one instant.
+// the store holds for dataID, result and pending id, as they were at one instant; the
+// result's body and content type only when its owner is owner (the poll's), so that a
+// poll of another client, whose answer Core decides, costs no copy of a result that may
+// weigh megabytes.
 // PutPending records p for dataID, for the store's pending time to live, unless a
 // result is stored for it; DropPending forgets dataID's pending id if owner submitted
 // it; a store that shares nothing does nothing there. A store that cannot answer
@@ -73,7 +76,7 @@ type Entry struct {
 type Store interface {
 	Get(dataID string) (Result, bool)
 	Put(dataID string, r Result)
-	Lookup(dataID string) Entry
+	Lookup(dataID string, owner Owner) Entry
 	PutPending(dataID string, p PendingID)
 	DropPending(dataID string, owner Owner)
 	Len() int     // entries
@@ -182,8 +185,11 @@ func (s *MemoryStore) Put(dataID string, r Result) {
 
 // Lookup returns the result kept for dataID, as Get; a MemoryStore keeps no pending
 // ids.
-func (s *MemoryStore) Lookup(dataID string) Entry {
+func (s *MemoryStore) Lookup(dataID string, owner Owner) Entry {
 	r, ok := s.Get(dataID)
+	if ok && r.Owner != owner {
+		r = Result{Owner: r.Owner}
+	}
 	return Entry{Result: r, Stored: ok}
 }
 
