@@ -486,6 +486,9 @@ type Answer struct {
 // own pending ids (Redis lost it), the id is recorded there again.
 func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 	se := b.store.Lookup(dataID, owner)
+	if se.Revoked {
+		return Answer{Source: Miss} // a session ended: Core decides (403)
+	}
 	if se.Stored && se.Result.Owner == owner {
 		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
 	}
@@ -578,6 +581,9 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 	if r.final() {
 		se := b.store.Lookup(dataID, owner)
+		if se.Revoked {
+			return
+		}
 		b.mu.Lock()
 		e := b.entryLocked(dataID, se)
 		b.mu.Unlock()
@@ -637,6 +643,18 @@ func (b *Bridge) NotAsked(dataID string, owner Owner) {
 	if e := b.knownLocked(dataID); e != nil && e.owner == owner {
 		e.asked = time.Time{}
 	}
+}
+
+// LoggedOut records that Core ended owner's session (it answered the owner's POST
+// /logout with 200): from then on no stored result or pending answer is given to that
+// owner's polls, which go to Core and are answered as Core answers a session it ended
+// (403), for the store's time to live and on every replica sharing the store. Clients
+// without an apikey (one owner, OwnerOf("")) have no session to end: nothing changes.
+func (b *Bridge) LoggedOut(owner Owner) {
+	if owner == OwnerOf("") {
+		return
+	}
+	b.store.Revoke(owner)
 }
 
 // CallbackPrefix returns what every callback URL of this bridge starts with, its secret

@@ -974,3 +974,35 @@ func TestCallbackBodiesBounded(t *testing.T) {
 	wantPoll(t, tb.Bridge, "d1", alice, Stored, body1)
 	wantPoll(t, tb.Bridge, "d2", alice, Stored, body2)
 }
+
+// TestLoggedOut: once Core ended a session (LoggedOut), no stored result nor pending
+// answer is given to that owner's polls (Miss: Core decides), for the store's time to
+// live; other owners are untouched, and clients without an apikey have no session to
+// end.
+func TestLoggedOut(t *testing.T) {
+	tb := newTestBridge(t, Options{})
+	srv := httptest.NewServer(tb.Handler())
+	t.Cleanup(srv.Close)
+	secret := tb.submit(t, "done", alice)
+	if code := post(t, srv, secret, finalResult("done")); code != http.StatusOK {
+		t.Fatalf("callback = %d, want 200", code)
+	}
+	tb.submit(t, "running", alice)
+	tb.submit(t, "bobs", bob)
+	nobody := OwnerOf("")
+	tb.submit(t, "anon", nobody)
+	wantPoll(t, tb.Bridge, "done", alice, Stored, finalResult("done"))
+
+	tb.LoggedOut(alice)
+	tb.LoggedOut(nobody)
+	wantPoll(t, tb.Bridge, "done", alice, Miss, nil)
+	wantPoll(t, tb.Bridge, "running", alice, Miss, nil)
+	wantPoll(t, tb.Bridge, "bobs", bob, Pending, InProgress("bobs"))
+	wantPoll(t, tb.Bridge, "anon", nobody, Pending, InProgress("anon"))
+
+	tb.clock.Add(25 * time.Hour) // past the store's time to live: the mark is gone
+	wantPoll(t, tb.Bridge, "bobs", bob, Miss, nil)
+	if e := tb.store.Lookup("x", alice); e.Revoked {
+		t.Errorf("Lookup by alice a day later = %+v, want her session's mark expired", e)
+	}
+}

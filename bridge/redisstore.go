@@ -136,17 +136,20 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1`)
 
 // lookupScript reads what Redis holds for an id in one round trip: the result's owner
-// (KEYS[1]), its type and body only when that owner is ARGV[1] (hex), and the pending
-// id (KEYS[2]). It returns {owner or false, type or false, body or false, pending
-// hash as field, value, ...}.
+// (KEYS[1]), its type and body only when that owner is ARGV[1] (hex) and ARGV[1]'s
+// session was not ended (KEYS[3]), the pending id (KEYS[2]), and whether the session
+// was ended. It returns {owner or false, type or false, body or false, pending hash as
+// field, value, ..., 1 if ended else 0}. Its keys are of different hash slots: one
+// Redis, not a cluster (mdproxy makes a redis.Client).
 var lookupScript = redis.NewScript(`
 local owner = redis.call('HGET', KEYS[1], 'owner')
+local revoked = redis.call('EXISTS', KEYS[3])
 local typ, body = false, false
-if owner == ARGV[1] then
+if owner == ARGV[1] and revoked == 0 then
   typ = redis.call('HGET', KEYS[1], 'type')
   body = redis.call('HGET', KEYS[1], 'body')
 end
-return {owner, typ, body, redis.call('HGETALL', KEYS[2])}`)
+return {owner, typ, body, redis.call('HGETALL', KEYS[2]), revoked}`)
 
 // dropPendingScript deletes a pending id (KEYS[1]) if its owner is ARGV[1] (hex).
 var dropPendingScript = redis.NewScript(`
@@ -218,6 +221,27 @@ func contextTimeoutEnabled(rdb redis.UniversalClient) bool {
 // resultKey and pendingKey are the keys of dataID's result and pending id.
 func (s *RedisStore) resultKey(dataID string) string  { return s.prefix + "result:{" + dataID + "}" }
 func (s *RedisStore) pendingKey(dataID string) string { return s.prefix + "pending:{" + dataID + "}" }
+
+// revokedKey is the key that says owner's session was ended (Revoke).
+func (s *RedisStore) revokedKey(owner Owner) string {
+	return s.prefix + "revoked:" + hex.EncodeToString(owner[:])
+}
+
+// Revoke records in Redis that owner's session ended, for the store's time to live, so
+// that every replica's look-ups of its results say Revoked; and in this replica's
+// memory of results Redis did not take, if any. Nothing changes in Redis when it does
+// not answer within the timeout.
+func (s *RedisStore) Revoke(owner Owner) {
+	if l := s.local.Load(); l != nil {
+		l.Revoke(owner)
+	}
+	ctx, done, ok := s.call()
+	err := errSkipped
+	if ok {
+		err = s.rdb.Set(ctx, s.revokedKey(owner), "1", s.ttl).Err()
+	}
+	done(err)
+}
 
 // errSkipped is the error of a call not made: Redis did not answer the calls before it
 // (the breaker is open).
@@ -296,13 +320,16 @@ func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 	err := errSkipped
 	if ok {
 		var v any
-		v, err = lookupScript.Run(ctx, s.rdb, []string{s.resultKey(dataID), s.pendingKey(dataID)}, hex.EncodeToString(owner[:])).Result()
-		if reply, ok = v.([]any); err == nil && (!ok || len(reply) != 4) {
+		v, err = lookupScript.Run(ctx, s.rdb, []string{s.resultKey(dataID), s.pendingKey(dataID), s.revokedKey(owner)}, hex.EncodeToString(owner[:])).Result()
+		if reply, ok = v.([]any); err == nil && (!ok || len(reply) != 5) {
 			err = fmt.Errorf("bridge: Redis's answer to a look-up has the wrong shape: %T", v)
 		}
 	}
 	var e Entry
 	if done(err) {
+		if n, _ := reply[4].(int64); n == 1 {
+			return Entry{Revoked: true, Checked: true}
+		}
 		e.Result, e.Stored = decodeLookup(reply, owner)
 		pend, _ := reply[3].([]any)
 		m := make(map[string]string, len(pend)/2)

@@ -376,6 +376,28 @@ func TestRedisPendingLost(t *testing.T) {
 	wantNoKey(t, rdb, "mdproxy:pending:{x}")
 }
 
+// TestRedisLoggedOut: a session that Core ended through one replica gets nothing the
+// bridge kept from any replica: the mark is in Redis, for the store's time to live.
+func TestRedisLoggedOut(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clock := newFakeClock()
+	a := newReplica(t, srv, clock, Options{})
+	b := newReplica(t, srv, clock, Options{})
+	a.submit(t, "x")
+	b.store.Put("y", Result{Body: finalResult("y"), ContentType: "application/json", Owner: alice})
+	wantPoll(t, b.Bridge, "y", alice, Stored, finalResult("y"))
+	wantPoll(t, b.Bridge, "x", alice, Pending, InProgress("x"))
+
+	a.LoggedOut(alice)
+	wantTTL(t, rdb, "mdproxy:revoked:"+hex.EncodeToString(alice[:]), testTTL)
+	wantPoll(t, b.Bridge, "y", alice, Miss, nil)
+	wantPoll(t, b.Bridge, "x", alice, Miss, nil)
+	wantPoll(t, a.Bridge, "x", alice, Miss, nil)
+	b.store.Put("z", Result{Body: finalResult("z"), ContentType: "application/json", Owner: bob})
+	wantPoll(t, a.Bridge, "z", bob, Stored, finalResult("z"))
+}
+
 // TestRedisReplicasObserve: the final result Core gives B's question about A's
 // submission is stored for every replica, and B's Gone makes it no longer pending.
 func TestRedisReplicasObserve(t *testing.T) {

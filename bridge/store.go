@@ -1,6 +1,8 @@
 package bridge
 
 import (
+	"sync/atomic"
+	"sync"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -51,6 +53,9 @@ type Entry struct {
 	// it holds none for the id (a RedisStore that Redis answered); false for a
 	// MemoryStore, which keeps none.
 	Checked bool
+	// Revoked: the asking owner's session was ended (Revoke): nothing kept may be
+	// answered to it any more; Core decides.
+	Revoked bool
 }
 
 // Store holds final results by data_id and, when several replicas share it, the ids
@@ -68,7 +73,9 @@ type Entry struct {
 // weigh megabytes.
 // PutPending records p for dataID, for the store's pending time to live, unless a
 // result is stored for it; DropPending forgets dataID's pending id if owner submitted
-// it; a store that shares nothing does nothing there. A store that cannot answer
+// it; a store that shares nothing does nothing there. Revoke records that owner's
+// session was ended (Core answered its POST /logout), for the store's time to live: its
+// look-ups say Revoked from then on, on every replica sharing the store. A store that cannot answer
 // (unreachable) answers as if it held nothing: never an error, so that a poll is then
 // forwarded to Core as any miss. Len is the number of entries and Bytes the bytes held
 // (bodies and keys, roughly, with a per-entry overhead), as far as the store can tell
@@ -77,6 +84,7 @@ type Store interface {
 	Get(dataID string) (Result, bool)
 	Put(dataID string, r Result)
 	Lookup(dataID string, owner Owner) Entry
+	Revoke(owner Owner)
 	PutPending(dataID string, p PendingID)
 	DropPending(dataID string, owner Owner)
 	Len() int     // entries
@@ -106,8 +114,21 @@ const entryOverhead = 256
 type MemoryStore struct {
 	c        *otter.Cache[string, Result]
 	clock    *otter.CoarseClock // nil with a test's clock
-	maxEntry int64              // a result weighing more is not kept
+	now      func() time.Time   // otter's clock, for the revoked owners
+	ttl      time.Duration
+	maxEntry int64 // a result weighing more is not kept
+
+	// revoked are the owners whose session ended (Revoke), each until its time; nRevoked
+	// its size, read first so that a look-up takes no lock while there is none.
+	revokeMu sync.Mutex
+	revoked  map[Owner]time.Time
+	nRevoked atomic.Int32
 }
+
+// maxRevoked bounds the owners a MemoryStore remembers as revoked: each is a logout
+// through mdproxy within the store's time to live; beyond, the oldest is forgotten
+// (its session's results answered again until they expire).
+const maxRevoked = 100_000
 
 var _ Store = (*MemoryStore)(nil)
 
@@ -146,7 +167,8 @@ func newMemoryStore(maxBytes int64, ttl time.Duration, clock otter.Clock) (*Memo
 		}
 		return nil, fmt.Errorf("bridge: creating the result store: %w", err)
 	}
-	return &MemoryStore{c: c, clock: coarse, maxEntry: maxBytes / 16}, nil
+	nowNano := clock.NowNano
+	return &MemoryStore{c: c, clock: coarse, now: func() time.Time { return time.Unix(0, nowNano()) }, ttl: ttl, maxEntry: maxBytes / 16}, nil
 }
 
 // coarseResolution is how often a MemoryStore with a time to live of ttl reads the
@@ -186,11 +208,51 @@ func (s *MemoryStore) Put(dataID string, r Result) {
 // Lookup returns the result kept for dataID, as Get; a MemoryStore keeps no pending
 // ids.
 func (s *MemoryStore) Lookup(dataID string, owner Owner) Entry {
+	if s.isRevoked(owner) {
+		return Entry{Revoked: true}
+	}
 	r, ok := s.Get(dataID)
 	if ok && r.Owner != owner {
 		r = Result{Owner: r.Owner}
 	}
 	return Entry{Result: r, Stored: ok}
+}
+
+// Revoke records that owner's session ended, for the store's time to live.
+func (s *MemoryStore) Revoke(owner Owner) {
+	now := s.now()
+	s.revokeMu.Lock()
+	defer s.revokeMu.Unlock()
+	if s.revoked == nil {
+		s.revoked = map[Owner]time.Time{}
+	}
+	if len(s.revoked) >= maxRevoked {
+		var oldest Owner
+		var at time.Time
+		for o, until := range s.revoked {
+			if !until.After(now) {
+				delete(s.revoked, o)
+			} else if at.IsZero() || until.Before(at) {
+				oldest, at = o, until
+			}
+		}
+		if len(s.revoked) >= maxRevoked {
+			delete(s.revoked, oldest)
+		}
+	}
+	s.revoked[owner] = now.Add(s.ttl)
+	s.nRevoked.Store(int32(len(s.revoked)))
+}
+
+// isRevoked reports whether owner's session was ended within the time to live.
+func (s *MemoryStore) isRevoked(owner Owner) bool {
+	if s.nRevoked.Load() == 0 {
+		return false
+	}
+	s.revokeMu.Lock()
+	defer s.revokeMu.Unlock()
+	until, ok := s.revoked[owner]
+	return ok && until.After(s.now())
 }
 
 // PutPending does nothing: a MemoryStore serves one Bridge, which keeps its pending ids

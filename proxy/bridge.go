@@ -30,6 +30,7 @@ type Bridge interface {
 	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
 	Gone(dataID string, owner bridge.Owner)
 	NotAsked(dataID string, owner bridge.Owner)
+	LoggedOut(owner bridge.Owner)
 	CallbackPrefix() string
 }
 
@@ -116,6 +117,16 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 		return nil
 	}
 	rt.bridge.Submitted(answer.DataID, ex.sub.secret, ex.sub.owner)
+	return nil
+}
+
+// recordLogout is the logout route's ModifyResponse with the bridge on: when Core ended
+// a session (200 to POST /logout), the bridge answers that apikey's polls from nothing
+// it kept any more (Bridge.LoggedOut): Core decides them, as it does without the bridge.
+func (rt *route) recordLogout(resp *http.Response) error {
+	if resp.StatusCode == http.StatusOK {
+		rt.bridge.LoggedOut(rt.ownerOf(resp.Request))
+	}
 	return nil
 }
 

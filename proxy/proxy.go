@@ -219,6 +219,10 @@ func New(opts Options) (*Proxy, error) {
 		h.submit = rt.name == "submit"
 		h.polled = rt.name == "file_result"
 		h.pollBuffers = pollBuffers
+		if opts.Bridge != nil && rt.name == "logout" {
+			h.bridge = opts.Bridge
+			h.proxy.ModifyResponse = h.recordLogout
+		}
 		if opts.Bridge != nil && rt.name == "webhook_status" {
 			cb, err := url.Parse(opts.Bridge.CallbackPrefix())
 			if err != nil {

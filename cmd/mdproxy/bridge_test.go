@@ -210,6 +210,62 @@ func TestBridgeOwnerScoped(t *testing.T) {
 	}
 }
 
+// TestBridgeLogoutEndsAnswers: a session that Core ended (POST /logout through mdproxy
+// answered 200) is no longer answered from what the bridge kept for it: its polls go to
+// Core, which answers 403, as it does without the bridge. Another session's polls of
+// its own results are still answered from the store.
+func TestBridgeLogoutEndsAnswers(t *testing.T) {
+	cfg := fastCore()
+	cfg.APIKey = "master-key"
+	core := startCore(t, cfg)
+	p := startBinary(t, core.url, nil)
+	c := sidecartest.NewClient(t)
+	login := func() string {
+		t.Helper()
+		resp, err := c.Post(p.proxyURL+"/login", "application/json", strings.NewReader(`{"user":"admin","password":"admin"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var s struct {
+			SessionID string `json:"session_id"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil || s.SessionID == "" {
+			t.Fatalf("POST /login = %d, %v, want a session_id", resp.StatusCode, err)
+		}
+		return s.SessionID
+	}
+	ended, kept := login(), login()
+	id := submit(t, c, p.proxyURL, "a file", map[string]string{"apikey": ended})
+	other := submit(t, c, p.proxyURL, "another file", map[string]string{"apikey": kept})
+	pollUntilFinal(t, c, p.proxyURL, id, ended)
+	pollUntilFinal(t, c, p.proxyURL, other, kept)
+
+	req, _ := http.NewRequest(http.MethodPost, p.proxyURL+"/logout", nil)
+	req.Header.Set("apikey", ended)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /logout = %d, want 200", resp.StatusCode)
+	}
+	before := core.polls.Load()
+	if r := getResult(t, c, p.proxyURL, id, ended); r.status != http.StatusForbidden {
+		t.Errorf("poll by the ended session = %d %s, want Core's 403 (never the stored result)", r.status, sidecartest.Short(r.body))
+	}
+	if core.polls.Load() != before+1 {
+		t.Errorf("polls reaching Core for the ended session = %d, want 1", core.polls.Load()-before)
+	}
+	if r := getResult(t, c, p.proxyURL, other, kept); r.status != http.StatusOK || r.progress != 100 {
+		t.Errorf("poll by the other session = %d %s, want its stored result", r.status, sidecartest.Short(r.body))
+	}
+	if core.polls.Load() != before+1 {
+		t.Errorf("the other session's poll reached Core, want it answered from the store")
+	}
+}
+
 // TestBridgeOwnCallbackURLUntouched: a submission with a callbackurl of its own is
 // forwarded untouched and not bridged: Core calls the client back, and the proxy's
 // polls go to Core.
