@@ -1,12 +1,12 @@
 package bridge
 
 import (
-	"sync/atomic"
-	"sync"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
