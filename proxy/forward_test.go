@@ -839,6 +839,8 @@ func TestChunkedRequestClosesConnection(t *testing.T) {
 		// HTTP/1.0: net/http drops its Transfer-Encoding and frames it by the length.
 		"POST /file/x/cancel HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\nConnection: keep-alive\r\n\r\n4a\r\n",
 		"GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+		// What follows a CONNECT may be tunnel bytes to a proxy in front.
+		"CONNECT x:80 HTTP/1.1\r\nHost: x:80\r\n\r\n",
 	} {
 		conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
 		if err != nil {
@@ -984,5 +986,100 @@ func TestStalledUploadIsClients(t *testing.T) {
 	checkMetric(t, reg, "mdproxy_body_timeouts_total", map[string]string{"route": "submit", "peer": "client"}, n)
 	if v := metricValue(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "submit", "kind": "reset"}); v != 0 {
 		t.Errorf("upstream_errors_total{kind=reset} = %v, want 0: Core did nothing wrong", v)
+	}
+}
+
+// TestInvalidStatusFromCore: Core's answer with a status outside 100 to 599 (RFC 9110,
+// section 15) is not relayed, bridged or not: the client gets 502 in Core's format,
+// never a 200 of the proxy's (099 read as a 1xx) nor the status itself, and the code
+// label of the metrics stays a status.
+func TestInvalidStatusFromCore(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				code := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
+				fmt.Fprintf(c, "HTTP/1.1 %s Odd\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", code)
+			})
+		}
+	})
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	for _, bridged := range []bool{false, true} {
+		_ = u
+		front, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) {
+			o.Upstream = u
+			if bridged {
+				o.Bridge = newTestBridge(t)
+			}
+		})
+		for _, code := range []string{"099", "000", "600", "999"} {
+			for _, path := range []string{"/file/" + code, "/version/" + code, "/file/webhook/" + code} {
+				resp, body := do(t, newClient(t), http.MethodGet, front+path, nil)
+				if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "invalid status") {
+					t.Errorf("bridge %v: GET %s, Core answering status %s = %d %q, want 502 saying the status is invalid", bridged, path, code, resp.StatusCode, body)
+				}
+			}
+		}
+		for _, c := range []string{"99", "0", "600", "999", "200"} {
+			if n := metricValue(t, reg, "mdproxy_upstream_responses_total", map[string]string{"code": c}); n != 0 {
+				t.Errorf("bridge %v: upstream_responses_total{code=%s} = %v, want no such series", bridged, c, n)
+			}
+		}
+	}
+}
+
+// TestInterimAnswersCapped: Core's 1xx answers reach the client at most maxInterim
+// times for one request, then Core's final answer: net/http does not cap them once
+// ReverseProxy hooks them.
+func TestInterimAnswersCapped(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for range 200 {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		_, _ = io.WriteString(w, "final")
+	})
+	front, _ := newTestProxy(t, up, nil)
+	u, _ := url.Parse(front)
+	conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "GET /version HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(conn)
+	interim := 0
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("after %d 1xx answers: %v", interim, err)
+		}
+		if resp.StatusCode < 200 {
+			interim++
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(body) != "final" {
+			t.Errorf("final answer = %d %q, want Core's 200 final", resp.StatusCode, body)
+		}
+		break
+	}
+	if interim < 1 || interim > maxInterim {
+		t.Errorf("1xx answers relayed = %d of Core's 200, want 1 to %d", interim, maxInterim)
 	}
 }

@@ -321,3 +321,23 @@ func TestBridgedPollTrailersNotHeaders(t *testing.T) {
 		t.Errorf("Core's trailer X-Checksum reached the client as a trailer %q of an answer sent whole", v)
 	}
 }
+
+// TestWebhookStatusNoTrailerAnnounced: the webhook status, redacted and sent whole with
+// its length, announces no trailer (Core's Trailer field named some that never come).
+func TestWebhookStatusNoTrailerAnnounced(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-T")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"url":"http://client.example/hook","status_code":200}`)
+		w.Header().Set("X-T", "1")
+	})
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	resp, body := do(t, newClient(t), http.MethodGet, front+"/file/webhook/abc", nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "client.example") {
+		t.Fatalf("webhook status = %d %q, want Core's 200", resp.StatusCode, body)
+	}
+	if v := resp.Header.Values("Trailer"); v != nil || len(resp.Trailer) != 0 {
+		t.Errorf("webhook status announces trailers %q (trailer %v), want none: it is sent whole", v, resp.Trailer)
+	}
+}

@@ -420,6 +420,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// clear text. Methods are case-sensitive (RFC 9110, section 9.1): "get" is
 			// not GET to mdproxy's routes, and a server that read it as GET would
 			// serve a poll no limit counted.
+			if r.Method == http.MethodConnect {
+				// What follows a CONNECT may be tunnel bytes to a proxy in front,
+				// never a request to read here.
+				w.Header()["Connection"] = closeValue
+			}
 			p.other.refuse(w, r, http.StatusNotImplemented, "Method not implemented: "+r.Method+" is not part of Core's API.")
 			return
 		}
@@ -777,7 +782,11 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		if r.Context().Err() != nil && rec != nil {
 			abort(rec)
 		}
-		writeError(w, http.StatusBadRequest, "The request body ended before its Content-Length.")
+		msg := "The request body ended before its Content-Length."
+		if r.TransferEncoding != nil {
+			msg = "The request body's chunked encoding is malformed or ended early."
+		}
+		writeError(w, http.StatusBadRequest, msg)
 		if rec != nil {
 			rec.status = statusClientClosedRequest
 		}
@@ -797,9 +806,12 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		rt.logUpstream(kind, err)
 	default:
 		msg := "Core could not be reached: " + kind + "."
+		var bad *badStatusError
 		switch {
 		case isTLS(err):
 			msg = "Core could not be reached: TLS handshake failed (see mdproxy's log)."
+		case errors.As(err, &bad):
+			msg = fmt.Sprintf("Core's answer has an invalid status (%03d).", bad.code)
 		case strings.HasPrefix(err.Error(), "backend tried to switch protocol"):
 			// httputil.ReverseProxy's error, untyped, for a 101 to a request that
 			// asked no upgrade (the proxy forwards none).
@@ -888,6 +900,13 @@ type timedTransport struct {
 func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	start := time.Now()
 	resp, err := t.next.RoundTrip(r)
+	if err == nil && (resp.StatusCode < 100 || resp.StatusCode > 599) {
+		// RFC 9110, section 15: a status is 100 to 599. net/http reads any three
+		// digits; relayed, 099 read as a 1xx became a 200 of the proxy's, and 999
+		// went to the client and into the metrics' code label.
+		resp.Body.Close()
+		return nil, &badStatusError{resp.StatusCode}
+	}
 	if err == nil {
 		t.observe.get().Observe(time.Since(start).Seconds())
 		t.codes.inc("", resp.StatusCode)
@@ -896,6 +915,13 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, err
+}
+
+// badStatusError is Core's answer with a status outside 100 to 599.
+type badStatusError struct{ code int }
+
+func (e *badStatusError) Error() string {
+	return fmt.Sprintf("Core answered with status %03d, outside 100 to 599", e.code)
 }
 
 // recorder remembers the status and body size of an answer, and bounds each of its
@@ -909,6 +935,7 @@ type recorder struct {
 	discard  time.Duration // how long net/http may read an unread body before it writes
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
 	close    bool          // the connection ends after the answer (CloseAfter)
+	interim  uint8         // the 1xx answers relayed, at most maxInterim
 	aborted  bool          // abort cut the request, already counted
 	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
 	decided  bool          // outcome is the limiter's decision, counted by finish (decide)
@@ -953,6 +980,9 @@ func (w *recorder) armWrite() {
 	_ = d.SetWriteDeadline(time.Now().Add(bound))
 }
 
+// maxInterim is the most 1xx answers of Core's relayed to a client for one request.
+const maxInterim = 16
+
 // ownPiece is the most the proxy writes of an answer of its own (a stored result) in
 // one write, in bytes, its write deadline moved on before each piece: a slow client
 // that keeps reading a long answer is not cut.
@@ -961,6 +991,14 @@ const ownPiece = 64 << 10
 func (w *recorder) WriteHeader(code int) {
 	if code < 200 && w.http10 {
 		return // RFC 9110, section 15.2: no 1xx to an HTTP/1.0 client
+	}
+	if code < 200 {
+		// net/http caps Core's 1xx answers only when nobody hooks them, and
+		// ReverseProxy does: the client gets the first maxInterim, not a flood.
+		if w.interim >= maxInterim {
+			return
+		}
+		w.interim++
 	}
 	if w.close {
 		// ReverseProxy clears the header map after relaying Core's 1xx (100

@@ -63,7 +63,9 @@ func RouteNames() []string {
 // without regard to case). ok is false for a path whose meaning depends on the server
 // that decodes it: an encoded slash or backslash (%2F, %5C), a backslash, a NUL, a
 // semicolon (path parameters, which some servers strip: "/file;/x" read as "/file/x"),
-// or a "." or ".." segment, as written or percent-encoded (%2E); and the asterisk-form "*". The proxy refuses those with
+// or a "." or ".." segment, as written or percent-encoded (%2E); the asterisk-form "*";
+// and a target that is no path: an opaque one ("a:file/x") or a scheme without an
+// authority ("http:/file/x"). The proxy refuses those with
 // 400 rather than guess which route Core would see: a server that resolves dot segments
 // (RFC 3986, section 5.2.4) routes "/file/x/.." as "/file", one that does not (the
 // emulator's router) as a poll of the data_id "..". Clients resolve dot segments before
@@ -74,6 +76,12 @@ func RouteNames() []string {
 // empty segments and a trailing slash: each of those can only send a request to a
 // route at least as limited as the one Core gives it.
 func canonicalPath(u *url.URL) (p string, ok bool) {
+	if u.Opaque != "" || (u.Scheme != "" && u.Host == "") {
+		// No origin-form path ("a:file/x", "http:/x"): RFC 9112, section 3.2, wants
+		// "/" first, or an authority in the absolute form. Such a target would reach
+		// Core as written ("GET file/x"), routed by no path at all.
+		return "", false
+	}
 	if u.RawPath != "" && containsFold(u.RawPath, "%2f", "%5c") {
 		return "", false
 	}

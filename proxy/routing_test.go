@@ -149,6 +149,7 @@ func TestAmbiguousPathsRefused(t *testing.T) {
 		"/file/x%2Fy", "/file/x%2fy", "/file/x%5Cy", "/file/x%5cy", `/file\x`,
 		"/file/x%00y", "/%2Ffile/x", "/file%2Fx", "/admin%2F..%2Ffile/x", "*",
 		"/file/x;v=1/", "/file;/x", "/file%3B/x", "/hash;x/abc",
+		"a:file/abc", "a:../file/abc", "A:%2ffile/abc", "http:/file/abc",
 	}, dotPaths...)
 	for _, p := range paths {
 		t.Run(p, func(t *testing.T) {

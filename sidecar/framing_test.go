@@ -56,3 +56,33 @@ func TestListenersCloseAmbiguousFraming(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminMethods: the admin listener's pages answer GET and HEAD (RFC 9110, section
+// 9.1: HEAD wherever GET), and any other method 405 with Allow, /metrics included.
+func TestAdminMethods(t *testing.T) {
+	core := httptest.NewServer(http.NotFoundHandler())
+	defer core.Close()
+	in := startRun(t, core.URL, nil)
+	c := &http.Client{Timeout: safety}
+	for _, page := range []string{"/metrics", "/healthz", "/readyz", "/config"} {
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodDelete, http.MethodPut} {
+			req, _ := http.NewRequest(m, in.adminURL+page, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch m {
+			case http.MethodGet, http.MethodHead:
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("%s %s = %d, want 200", m, page, resp.StatusCode)
+				}
+			default:
+				if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") == "" {
+					t.Errorf("%s %s = %d (Allow %q), want 405 with Allow", m, page, resp.StatusCode, resp.Header.Get("Allow"))
+				}
+			}
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -320,7 +321,8 @@ func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 // and, with MDPROXY_PPROF, /debug/pprof/.
 func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool, cfg *Config, limits proxy.Limits) http.Handler {
 	r := chi.NewRouter()
-	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	r.Use(middleware.GetHead) // HEAD wherever GET (RFC 9110, section 9.1)
+	r.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
