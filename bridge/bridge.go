@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/url"
 	"strings"
@@ -796,7 +797,9 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ct := r.Header.Get("Content-Type")
-	if !strings.HasPrefix(ct, jsonType) {
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonType {
+		// The body is a JSON object: served as JSON whatever Core labelled it
+		// ("application/jsonp" is not JSON; "Application/JSON" is, and kept).
 		ct = jsonType
 	}
 

@@ -1006,3 +1006,36 @@ func TestLoggedOut(t *testing.T) {
 		t.Errorf("Lookup by alice a day later = %+v, want her session's mark expired", e)
 	}
 }
+
+// TestCallbackContentType: a stored result keeps Core's JSON media type as Core spelt
+// it (parameters, case), and is served as application/json when Core labelled it
+// otherwise, a look-alike ("application/jsonp") included: the body is a JSON object.
+func TestCallbackContentType(t *testing.T) {
+	tb := newTestBridge(t, Options{})
+	srv := httptest.NewServer(tb.Handler())
+	t.Cleanup(srv.Close)
+	for i, tc := range []struct{ sent, want string }{
+		{"application/json; charset=utf-8", "application/json; charset=utf-8"},
+		{"Application/JSON", "Application/JSON"},
+		{"application/jsonp", "application/json"},
+		{"application/json-patch+json", "application/json"},
+		{"text/html", "application/json"},
+		{"", "application/json"},
+	} {
+		id := fmt.Sprintf("ct%d", i)
+		secret := tb.submit(t, id, alice)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+CallbackPath+secret, bytes.NewReader(finalResult(id)))
+		req.Header.Set("Content-Type", tc.sent)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("callback with Content-Type %q = %d, want 200", tc.sent, resp.StatusCode)
+		}
+		if a := tb.Poll(id, alice); a.Source != Stored || a.ContentType != tc.want {
+			t.Errorf("callback with Content-Type %q: served %v with %q, want stored with %q", tc.sent, a.Source, a.ContentType, tc.want)
+		}
+	}
+}

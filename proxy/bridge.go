@@ -94,6 +94,16 @@ func askWholeAnswer(h http.Header) {
 // identity is the Accept-Encoding value of askWholeAnswer.
 var identity = []string{"identity"}
 
+// acceptedCutError is Core's 200 to a submission that broke off before the proxy read
+// it whole: Core took the file, and its data_id was lost on the way.
+type acceptedCutError struct{ err error }
+
+func (e *acceptedCutError) Error() string {
+	return "Core's answer to a submission broke off: " + e.err.Error()
+}
+
+func (e *acceptedCutError) Unwrap() error { return e.err }
+
 // recordSubmission is the submit route's ModifyResponse: when Core accepted a bridged
 // submission, the data_id it answered is recorded as pending. Core's answer reaches the
 // client unchanged.
@@ -104,7 +114,7 @@ func (rt *route) recordSubmission(resp *http.Response) error {
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
 	if err != nil {
-		return fmt.Errorf("reading Core's answer to a submission: %w", err)
+		return &acceptedCutError{err}
 	}
 	// What was read, then the rest of Core's answer (an answer over maxSubmitAnswer names
 	// no data_id the bridge records, but reaches the client whole).

@@ -341,3 +341,28 @@ func TestWebhookStatusNoTrailerAnnounced(t *testing.T) {
 		t.Errorf("webhook status announces trailers %q (trailer %v), want none: it is sent whole", v, resp.Trailer)
 	}
 }
+
+// TestBridgedSubmissionAnswerCut: Core's 200 to a bridged submission that breaks off
+// before the proxy read its data_id gets 502 saying Core accepted the file, never
+// "Core could not be reached", which would have the client submit it again.
+func TestBridgedSubmissionAnswerCut(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", "40")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"data_id":"ab`)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	})
+	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = newTestBridge(t) })
+	req, _ := http.NewRequest(http.MethodPost, front+"/file", strings.NewReader("file"))
+	resp, err := newClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "accepted the file") {
+		t.Errorf("submission whose 200 broke off = %d %s, want 502 saying Core accepted the file", resp.StatusCode, body)
+	}
+}

@@ -810,6 +810,9 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		switch {
 		case isTLS(err):
 			msg = "Core could not be reached: TLS handshake failed (see mdproxy's log)."
+		case errors.As(err, new(*acceptedCutError)):
+			// Not "Core could not be reached": a client told so may submit again.
+			msg = "Core accepted the file (200) but its answer broke off before the data_id: the scan may be running."
 		case errors.As(err, &bad):
 			msg = fmt.Sprintf("Core's answer has an invalid status (%03d).", bad.code)
 		case strings.HasPrefix(err.Error(), "backend tried to switch protocol"):
