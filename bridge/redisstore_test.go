@@ -561,75 +561,20 @@ func (r replica) submit(t *testing.T, dataID string) {
 	r.Submitted(dataID, secret, alice)
 }
 
-// TestRedisTimeout: a Redis that accepts connections and never answers (hung, or a
-// network that drops) holds each call for the timeout only.
-func TestRedisTimeout(t *testing.T) {
+// silentRedis is a Redis that accepts connections, reads what is sent (counted in
+// received, in bytes) and never answers: hung, or behind a network that drops. It stops
+// at the test's end.
+func silentRedis(t *testing.T) (addr string, received *atomic.Int64) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	received = new(atomic.Int64)
 	var (
 		mu    sync.Mutex
 		conns []net.Conn
 		wg    sync.WaitGroup
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	const timeout = 50 * time.Millisecond
-	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, timeout, testMaxBytes, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	max := timeout + slack
-	for i := range 2 {
-		timed(t, "Get", max, func() {
-			// Nothing the first time; then the result the first Put kept in memory.
-			if _, ok := s.Get("a"); ok != (i > 0) {
-				t.Errorf("Get(a) from a silent Redis: found %v, want %v", ok, i > 0)
-			}
-		})
-		timed(t, "Lookup", max, func() { s.Lookup("a", alice) })
-		timed(t, "Put", max, func() { s.Put("a", Result{Body: finalResult("a")}) })
-		timed(t, "PutPending", max, func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
-		timed(t, "DropPending", max, func() { s.DropPending("a", alice) })
-	}
-}
-
-// TestRedisStoreSkipsHungRedis: once Redis has not answered storeFailuresToOpen calls
-// in a row, the store skips it (a poll then costs nothing of a hung Redis, rather than
-// the timeout each: nothing more is sent to it), and it tries Redis again every
-// storeRetryEvery: a Redis that answers again is used again.
-func TestRedisStoreSkipsHungRedis(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu       sync.Mutex
-		conns    []net.Conn
-		received atomic.Int64 // bytes the clients sent: the commands
-		wg       sync.WaitGroup
 	)
 	wg.Go(func() {
 		for {
@@ -661,7 +606,43 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 		mu.Unlock()
 		wg.Wait()
 	})
-	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	return ln.Addr().String(), received
+}
+
+// TestRedisTimeout: a Redis that accepts connections and never answers (hung, or a
+// network that drops) holds each call for the timeout only.
+func TestRedisTimeout(t *testing.T) {
+	addr, _ := silentRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	const timeout = 50 * time.Millisecond
+	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, timeout, testMaxBytes, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	max := timeout + slack
+	for i := range 2 {
+		timed(t, "Get", max, func() {
+			// Nothing the first time; then the result the first Put kept in memory.
+			if _, ok := s.Get("a"); ok != (i > 0) {
+				t.Errorf("Get(a) from a silent Redis: found %v, want %v", ok, i > 0)
+			}
+		})
+		timed(t, "Lookup", max, func() { s.Lookup("a", alice) })
+		timed(t, "Put", max, func() { s.Put("a", Result{Body: finalResult("a")}) })
+		timed(t, "PutPending", max, func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
+		timed(t, "DropPending", max, func() { s.DropPending("a", alice) })
+	}
+}
+
+// TestRedisStoreSkipsHungRedis: once Redis has not answered storeFailuresToOpen calls
+// in a row, the store skips it (a poll then costs nothing of a hung Redis, rather than
+// the timeout each: nothing more is sent to it), and it tries Redis again every
+// storeRetryEvery: a Redis that answers again is used again.
+func TestRedisStoreSkipsHungRedis(t *testing.T) {
+	addr, received := silentRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, 20*time.Millisecond, testMaxBytes, nil)
 	if err != nil {

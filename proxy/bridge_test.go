@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 )
@@ -82,21 +84,7 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 	}
 
 	const n = 8
-	var wg sync.WaitGroup
-	bodies := make([]string, n)
-	codes := make([]int, n)
-	for i := range n {
-		wg.Go(func() {
-			resp, err := c.Get(front + "/file/abc")
-			if err != nil {
-				t.Errorf("poll %d: %v", i, err)
-				return
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			bodies[i], codes[i] = string(b), resp.StatusCode
-		})
-	}
+	wait := pollsAtOnce(t, c, front+"/file/abc", n)
 	time.Sleep(100 * time.Millisecond) // the eight wait on the first's request
 	cancel()
 	<-first
@@ -106,7 +94,7 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	close(release)
-	wg.Wait()
+	codes, bodies := wait()
 	if got := requests.Load(); got != 2 {
 		t.Errorf("requests reaching Core for 9 concurrent polls of one id, the first leaving = %d, want 2", got)
 	}
@@ -147,6 +135,29 @@ func TestSecretsPattern(t *testing.T) {
 	}
 }
 
+// overdueBridge returns a bridge (Refresh 1 ms, on a fake clock) with id submitted by
+// the clients without an apikey and overdue, so that its next poll asks Core; with its
+// callback URL and secret, and the clock.
+func overdueBridge(t *testing.T, id string) (b *bridge.Bridge, callbackURL, secret string, clock *clockwork.FakeClock) {
+	t.Helper()
+	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	clock = newFakeClock()
+	b, err = bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if callbackURL, secret, err = b.Callback(); err != nil {
+		t.Fatal(err)
+	}
+	b.Submitted(id, secret, bridge.OwnerOf(""))
+	clock.Advance(5 * time.Millisecond) // past Refresh: overdue
+	return b, callbackURL, secret, clock
+}
+
 // TestBridgeOverdueCoreError: when Core answers a question about an overdue pending id
 // with an error (its own limit's 503 here), the client that submitted the file gets the
 // pending answer, never the error, and the id stays overdue for the next poll.
@@ -158,22 +169,7 @@ func TestBridgeOverdueCoreError(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = io.WriteString(w, `{"err":"Server is too busy. Try again later."}`)
 	})
-	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	clock := newFakeClock()
-	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond, Now: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, secret, err := b.Callback()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.Submitted("pend", secret, bridge.OwnerOf(""))
-	clock.Advance(5 * time.Millisecond) // past Refresh: overdue
+	b, _, _, _ := overdueBridge(t, "pend")
 	front, _ := newTestProxy(t, upstream, func(o *Options) { o.Bridge = b })
 	c := newClient(t)
 	for i := range 2 {

@@ -704,3 +704,29 @@ func formatLabels(labels map[string]string) string {
 	sort.Strings(pairs)
 	return "{" + strings.Join(pairs, ",") + "}"
 }
+
+// pollsAtOnce starts n GETs of url through c at once; wait returns each one's status
+// and body (0 and "" for one that failed, which fails t).
+func pollsAtOnce(t *testing.T, c *http.Client, url string, n int) (wait func() (codes []int, bodies []string)) {
+	var wg sync.WaitGroup
+	codes, bodies := make([]int, n), make([]string, n)
+	for i := range n {
+		wg.Go(func() {
+			resp, err := c.Get(url)
+			if err != nil {
+				t.Errorf("poll %d: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Errorf("poll %d: reading: %v", i, err)
+			}
+			bodies[i], codes[i] = string(b), resp.StatusCode
+		})
+	}
+	return func() ([]int, []string) {
+		wg.Wait()
+		return codes, bodies
+	}
+}

@@ -135,31 +135,14 @@ func TestPollBufferStreamedShared(t *testing.T) {
 	c := newClient(t)
 	want := string(paddedResult("abc", size))
 	const n = 3
-	var wg sync.WaitGroup
-	got := make([]string, n)
-	codes := make([]int, n)
-	for i := range n {
-		wg.Go(func() {
-			resp, err := c.Get(front + "/file/abc")
-			if err != nil {
-				t.Errorf("poll %d: %v", i, err)
-				return
-			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			if err != nil {
-				t.Errorf("poll %d: reading: %v", i, err)
-			}
-			got[i], codes[i] = string(b), resp.StatusCode
-		})
-	}
+	wait := pollsAtOnce(t, c, front+"/file/abc", n)
 	deadline := time.Now().Add(10 * time.Second)
 	for core.polls("abc") == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // the other two wait on the first's question
 	close(core.release)
-	wg.Wait()
+	codes, got := wait()
 	for i := range n {
 		if codes[i] != http.StatusOK || got[i] != want {
 			t.Errorf("poll %d = %d, %d bytes; want 200 with Core's %d bytes", i, codes[i], len(got[i]), len(want))
@@ -251,22 +234,7 @@ func TestBridgePollOtherDataID(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(paddedResult("someone-elses-id", 300))
 	})
-	store, err := bridge.NewMemoryStore(64<<20, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	clock := newFakeClock()
-	b, err := bridge.New(bridge.Options{CallbackURL: "http://127.0.0.1:9", Store: store, Refresh: time.Millisecond, Now: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, secret, err := b.Callback()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.Submitted(id, secret, bridge.OwnerOf(""))
-	clock.Advance(5 * time.Millisecond) // overdue: the next poll asks Core
+	b, cb, _, clock := overdueBridge(t, id)
 	front, _ := newTestProxy(t, up, func(o *Options) { o.Bridge = b })
 	c := newClient(t)
 	for i := 1; i <= 2; i++ {
