@@ -141,7 +141,14 @@ type coreConn struct {
 
 func (c *coreConn) Read(p []byte) (int, error) {
 	if c.idle > 0 {
-		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+		bound := c.idle
+		if c.uploading() {
+			// The transport's read of the answer may start after the upload's first
+			// write (two goroutines): it must not cut Core's wait on a stalled client
+			// sooner than Write's bound, or the client's 408 loses to a 502.
+			bound += c.headers
+		}
+		_ = c.Conn.SetReadDeadline(time.Now().Add(bound))
 	}
 	return c.Conn.Read(p)
 }
