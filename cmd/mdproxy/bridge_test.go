@@ -185,6 +185,9 @@ func TestBridgeAnswersFromCallbacks(t *testing.T) {
 	if v := p.metric(t, series("mdproxy_requests_total", "code", "503", "method", "GET", "route", "file_result")); v != 0 {
 		t.Errorf("503 answers to polls of submitted files = %v, want 0", v)
 	}
+	if t.Failed() {
+		t.Logf("mdproxy's metrics:\n%s\nmdproxy's log:\n%s", p.metrics(t), p.logs.String())
+	}
 }
 
 // TestBridgeOwnerScoped: a client with another apikey is never served the stored
