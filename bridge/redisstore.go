@@ -106,7 +106,11 @@ type RedisStore struct {
 	// cb skips Redis while it does not answer (storeFailuresToOpen calls in a row),
 	// trying one call again every storeRetryEvery: a hung Redis costs a poll nothing
 	// then, rather than the timeout each.
-	cb           *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
+	// revoked keeps this replica's own marks of ended sessions (Revoke), so that they
+	// hold while Redis does not answer, and are written to Redis again when it lost
+	// them or never took them.
+	revoked      revokedSet
 	down         atomic.Bool  // the last call failed without an answer of Redis
 	failures     atomic.Int64 // calls that failed, since the start
 	lastReplyLog atomic.Int64 // Unix nanoseconds of the last log line about a refusal
@@ -227,20 +231,25 @@ func (s *RedisStore) revokedKey(owner Owner) string {
 	return s.prefix + "revoked:" + hex.EncodeToString(owner[:])
 }
 
-// Revoke records in Redis that owner's session ended, for the store's time to live, so
-// that every replica's look-ups of its results say Revoked; and in this replica's
-// memory of results Redis did not take, if any. Nothing changes in Redis when it does
-// not answer within the timeout.
+// Revoke records that owner's session ended, for the store's time to live: in this
+// replica's memory, and in Redis, so that every replica's look-ups of its results say
+// Revoked. When Redis does not take it (down, slow), it is written again at a look-up
+// of owner's once Redis answers.
 func (s *RedisStore) Revoke(owner Owner) {
-	if l := s.local.Load(); l != nil {
-		l.Revoke(owner)
-	}
+	now := s.now()
+	until := now.Add(s.ttl)
+	s.revoked.add(owner, until, now)
+	s.putRevoked(owner, until)
+}
+
+// putRevoked writes owner's mark in Redis until until; it reports whether Redis took it.
+func (s *RedisStore) putRevoked(owner Owner, until time.Time) bool {
 	ctx, done, ok := s.call()
 	err := errSkipped
 	if ok {
-		err = s.rdb.Set(ctx, s.revokedKey(owner), "1", s.ttl).Err()
+		err = s.rdb.Set(ctx, s.revokedKey(owner), "1", time.Until(until)).Err()
 	}
-	done(err)
+	return done(err)
 }
 
 // errSkipped is the error of a call not made: Redis did not answer the calls before it
@@ -315,6 +324,7 @@ func (s *RedisStore) Get(dataID string) (Result, bool) {
 // holds no result for it or does not answer within the timeout, the result this
 // replica kept in its memory, if any (see Put).
 func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
+	until, revoked := s.revoked.until(owner, s.now())
 	ctx, done, ok := s.call()
 	var reply []any
 	err := errSkipped
@@ -330,6 +340,12 @@ func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 		if n, _ := reply[4].(int64); n == 1 {
 			return Entry{Revoked: true, Checked: true}
 		}
+		if revoked {
+			// This replica saw the logout, and Redis does not hold it: written again,
+			// for the other replicas.
+			s.putRevoked(owner, until)
+			return Entry{Revoked: true, Checked: true}
+		}
 		e.Result, e.Stored = decodeLookup(reply, owner)
 		pend, _ := reply[3].([]any)
 		m := make(map[string]string, len(pend)/2)
@@ -340,6 +356,9 @@ func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 		}
 		e.Pending, e.IsPending = decodePending(m)
 		e.Checked = true
+	}
+	if revoked {
+		return Entry{Revoked: true} // Redis did not answer: this replica's mark holds
 	}
 	if !e.Stored {
 		if r, ok := s.localGet(dataID); ok {

@@ -37,6 +37,7 @@ func newRedisStore(t *testing.T, srv *redistest.Server, prefix string, timeout t
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v, want no error", err)
 	}
+	t.Cleanup(s.Close) // the memory of results Redis did not take, if any
 	return s
 }
 
@@ -396,6 +397,45 @@ func TestRedisLoggedOut(t *testing.T) {
 	wantPoll(t, a.Bridge, "x", alice, Miss, nil)
 	b.store.Put("z", Result{Body: finalResult("z"), ContentType: "application/json", Owner: bob})
 	wantPoll(t, a.Bridge, "z", bob, Stored, finalResult("z"))
+}
+
+// TestRedisLoggedOutWhileDown: a logout seen by a replica while Redis does not answer
+// holds on that replica at once, and reaches the other replicas once Redis answers
+// again: the replica writes its mark again at its next look-up of the owner's.
+func TestRedisLoggedOutWhileDown(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := newFakeClock()
+	a := newReplica(t, srv, clock, Options{})
+	b := newReplica(t, srv, clock, Options{})
+	srv.Stop()
+	// A result Core called back while Redis was down: kept in A's memory.
+	a.store.Put("y", Result{Body: finalResult("y"), ContentType: "application/json", Owner: alice})
+	wantPoll(t, a.Bridge, "y", alice, Stored, finalResult("y"))
+	a.LoggedOut(alice) // Redis does not take it
+	wantPoll(t, a.Bridge, "y", alice, Miss, nil)
+	srv.Restart()
+	b.store.Put("x", Result{Body: finalResult("x"), ContentType: "application/json", Owner: alice})
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Poll("x", alice).Source != Stored {
+		if time.Now().After(deadline) {
+			t.Fatal("B never served the result once Redis was back")
+		}
+		b.store.Put("x", Result{Body: finalResult("x"), ContentType: "application/json", Owner: alice})
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A's next look-up finds Redis without its mark (its breaker lets a call through
+	// within a second) and writes it again: then B refuses too.
+	for {
+		a.Poll("x", alice)
+		if b.Poll("x", alice).Source == Miss {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B still served the logged-out session's result 30 s after Redis came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantPoll(t, a.Bridge, "x", alice, Miss, nil)
 }
 
 // TestRedisReplicasObserve: the final result Core gives B's question about A's

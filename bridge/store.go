@@ -118,17 +118,57 @@ type MemoryStore struct {
 	ttl      time.Duration
 	maxEntry int64 // a result weighing more is not kept
 
-	// revoked are the owners whose session ended (Revoke), each until its time; nRevoked
-	// its size, read first so that a look-up takes no lock while there is none.
-	revokeMu sync.Mutex
-	revoked  map[Owner]time.Time
-	nRevoked atomic.Int32
+	revoked revokedSet // the owners whose session ended (Revoke)
 }
 
-// maxRevoked bounds the owners a MemoryStore remembers as revoked: each is a logout
-// through mdproxy within the store's time to live; beyond, the oldest is forgotten
-// (its session's results answered again until they expire).
+// maxRevoked bounds the owners a store remembers as revoked in memory: each is a logout
+// through mdproxy within the store's time to live; beyond, the one that expires first
+// is forgotten (its session's results answered again until they expire).
 const maxRevoked = 100_000
+
+// revokedSet is a bounded set of owners whose session ended, each until a time. Safe
+// for concurrent use; has takes no lock while the set is empty.
+type revokedSet struct {
+	mu sync.Mutex
+	m  map[Owner]time.Time
+	n  atomic.Int32
+}
+
+// add records owner until until, at now.
+func (r *revokedSet) add(owner Owner, until, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[Owner]time.Time{}
+	}
+	if len(r.m) >= maxRevoked {
+		var first Owner
+		var at time.Time
+		for o, u := range r.m {
+			if !u.After(now) {
+				delete(r.m, o)
+			} else if at.IsZero() || u.Before(at) {
+				first, at = o, u
+			}
+		}
+		if len(r.m) >= maxRevoked {
+			delete(r.m, first)
+		}
+	}
+	r.m[owner] = until
+	r.n.Store(int32(len(r.m)))
+}
+
+// until returns when owner's mark ends, and whether it holds at now.
+func (r *revokedSet) until(owner Owner, now time.Time) (time.Time, bool) {
+	if r.n.Load() == 0 {
+		return time.Time{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u, ok := r.m[owner]
+	return u, ok && u.After(now)
+}
 
 var _ Store = (*MemoryStore)(nil)
 
@@ -221,38 +261,13 @@ func (s *MemoryStore) Lookup(dataID string, owner Owner) Entry {
 // Revoke records that owner's session ended, for the store's time to live.
 func (s *MemoryStore) Revoke(owner Owner) {
 	now := s.now()
-	s.revokeMu.Lock()
-	defer s.revokeMu.Unlock()
-	if s.revoked == nil {
-		s.revoked = map[Owner]time.Time{}
-	}
-	if len(s.revoked) >= maxRevoked {
-		var oldest Owner
-		var at time.Time
-		for o, until := range s.revoked {
-			if !until.After(now) {
-				delete(s.revoked, o)
-			} else if at.IsZero() || until.Before(at) {
-				oldest, at = o, until
-			}
-		}
-		if len(s.revoked) >= maxRevoked {
-			delete(s.revoked, oldest)
-		}
-	}
-	s.revoked[owner] = now.Add(s.ttl)
-	s.nRevoked.Store(int32(len(s.revoked)))
+	s.revoked.add(owner, now.Add(s.ttl), now)
 }
 
 // isRevoked reports whether owner's session was ended within the time to live.
 func (s *MemoryStore) isRevoked(owner Owner) bool {
-	if s.nRevoked.Load() == 0 {
-		return false
-	}
-	s.revokeMu.Lock()
-	defer s.revokeMu.Unlock()
-	until, ok := s.revoked[owner]
-	return ok && until.After(s.now())
+	_, ok := s.revoked.until(owner, s.now())
+	return ok
 }
 
 // PutPending does nothing: a MemoryStore serves one Bridge, which keeps its pending ids

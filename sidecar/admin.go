@@ -115,10 +115,12 @@ func mountAdminExtras(r chi.Router, c *Config, limits proxy.Limits) {
 		_, _ = w.Write(append(b, '\n'))
 	})
 	if c.Pprof {
-		r.HandleFunc("/debug/pprof/*", pprof.Index) // the index, and each profile by name
-		r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		r.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		// GET (and HEAD); /symbol takes POST too, as go tool pprof asks it.
+		r.Get("/debug/pprof/*", pprof.Index) // the index, and each profile by name
+		r.Get("/debug/pprof/cmdline", pprof.Cmdline)
+		r.Get("/debug/pprof/profile", pprof.Profile)
+		r.Get("/debug/pprof/symbol", pprof.Symbol)
+		r.Post("/debug/pprof/symbol", pprof.Symbol)
+		r.Get("/debug/pprof/trace", pprof.Trace)
 	}
 }

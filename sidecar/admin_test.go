@@ -199,6 +199,29 @@ func TestRunPprof(t *testing.T) {
 				t.Errorf("MDPROXY_PPROF=%q: GET admin %s = %d %q, want %d", tc.value, path, code, sidecartest.Short(body), tc.want)
 			}
 		}
+		if tc.value == "true" {
+			// GET and HEAD only (POST to /symbol, as go tool pprof asks it).
+			for _, m := range []struct{ method, path string }{{http.MethodPost, "/debug/pprof/heap"}, {http.MethodDelete, "/debug/pprof/trace"}, {http.MethodPut, "/debug/pprof/cmdline"}} {
+				req, _ := http.NewRequest(m.method, in.adminURL+m.path, nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusMethodNotAllowed {
+					t.Errorf("%s admin %s = %d, want 405", m.method, m.path, resp.StatusCode)
+				}
+			}
+			req, _ := http.NewRequest(http.MethodPost, in.adminURL+"/debug/pprof/symbol", strings.NewReader("0x1"))
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("POST admin /debug/pprof/symbol = %d, want 200", resp.StatusCode)
+			}
+		}
 		// Never on the proxy port: there it is Core's path.
 		if code, body := sidecartest.Get(t, c, in.proxyURL+"/debug/pprof/"); code != http.StatusOK || body != "upstream /debug/pprof/\n" {
 			t.Errorf("MDPROXY_PPROF=%q: GET proxy /debug/pprof/ = %d %q, want the upstream's answer", tc.value, code, sidecartest.Short(body))

@@ -365,20 +365,33 @@ func validURL(s string, u *url.URL) bool {
 	return true
 }
 
-// validHost reports whether h is an IP address or a DNS name (letters, digits, '-', '.'
-// and '_'): RFC 3986 lets a host hold more ("$", "(" and ")" among them), which no
-// resolver finds, such as a Kubernetes $(POD_IP) left unexpanded.
+// validHost reports whether h is an IP address or a DNS host name (RFC 1123, section
+// 2.1: dot-separated labels of 1 to 63 letters, digits and inner hyphens, 253 bytes at
+// most, the last label not all digits, which some resolvers would read as an address:
+// "127.1", "256.1.1.1"). RFC 3986 lets a URL's host hold more ("$", "(", ")", "_"),
+// which no resolver finds, such as a Kubernetes $(POD_IP) left unexpanded.
 func validHost(h string) bool {
 	if _, err := netip.ParseAddr(h); err == nil {
 		return true
 	}
-	for i := range len(h) {
-		c := h[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_') {
+	h = strings.TrimSuffix(h, ".") // a fully qualified name
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	labels := strings.Split(h, ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
 			return false
 		}
+		for i := range len(l) {
+			c := l[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+				return false
+			}
+		}
 	}
-	return h != ""
+	last := labels[len(labels)-1]
+	return strings.Trim(last, "0123456789") != "" && !strings.HasPrefix(strings.ToLower(last), "0x")
 }
 
 // sameListener reports whether listening on a and on b (valid listen addresses) would
