@@ -324,7 +324,7 @@ func (s *RedisStore) Get(dataID string) (Result, bool) {
 // holds no result for it or does not answer within the timeout, the result this
 // replica kept in its memory, if any (see Put).
 func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
-	until, revoked := s.revoked.until(owner, s.now())
+	until, revoked := s.revoked.until(owner, s.now)
 	ctx, done, ok := s.call()
 	var reply []any
 	err := errSkipped

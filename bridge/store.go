@@ -159,15 +159,16 @@ func (r *revokedSet) add(owner Owner, until, now time.Time) {
 	r.n.Store(int32(len(r.m)))
 }
 
-// until returns when owner's mark ends, and whether it holds at now.
-func (r *revokedSet) until(owner Owner, now time.Time) (time.Time, bool) {
+// until returns when owner's mark ends, and whether it holds now (the clock is read
+// only when the set holds a mark: a store hit reads none).
+func (r *revokedSet) until(owner Owner, now func() time.Time) (time.Time, bool) {
 	if r.n.Load() == 0 {
 		return time.Time{}, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	u, ok := r.m[owner]
-	return u, ok && u.After(now)
+	return u, ok && u.After(now())
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -266,7 +267,7 @@ func (s *MemoryStore) Revoke(owner Owner) {
 
 // isRevoked reports whether owner's session was ended within the time to live.
 func (s *MemoryStore) isRevoked(owner Owner) bool {
-	_, ok := s.revoked.until(owner, s.now())
+	_, ok := s.revoked.until(owner, s.now)
 	return ok
 }
 

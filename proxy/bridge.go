@@ -399,7 +399,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, id string, owner brid
 		return f
 	}
 	f.status, f.header, f.body = buf.status, buf.final, buf.body.Bytes()
-	f.hold = &bufferHold{budget: rt.pollBuffers, n: buf.charged, charged: buf.charged, polls: 1}
+	f.hold = &bufferHold{budget: rt.pollBuffers, n: buf.charged, charged: buf.charged > 0, polls: 1}
 	if f.status == 0 { // no status and no body written: not from ReverseProxy
 		f.status, f.header = http.StatusOK, buf.header
 	}
@@ -429,8 +429,8 @@ type bufferHold struct {
 	budget  *semaphore.Weighted
 	n       int64 // the answer's bytes
 	mu      sync.Mutex
-	polls   int   // the polls writing it, the one that asked Core among them until it has
-	charged int64 // n while a poll holds it and the budget took it; 0 otherwise
+	polls   int  // the polls writing it, the one that asked Core among them until it has
+	charged bool // the budget holds n for it: while a poll holds it
 }
 
 // take makes one more poll a holder of the answer. A poll that comes once every other
@@ -440,11 +440,11 @@ type bufferHold struct {
 func (h *bufferHold) take() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.polls == 0 && h.charged == 0 && h.n > 0 {
+	if h.polls == 0 && !h.charged && h.n > 0 {
 		if !h.budget.TryAcquire(h.n) {
 			return false
 		}
-		h.charged = h.n
+		h.charged = true
 	}
 	h.polls++
 	return true
@@ -456,9 +456,9 @@ func (h *bufferHold) release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.polls--
-	if h.polls == 0 && h.charged > 0 {
-		h.budget.Release(h.charged)
-		h.charged = 0
+	if h.polls == 0 && h.charged {
+		h.budget.Release(h.n)
+		h.charged = false
 	}
 }
 

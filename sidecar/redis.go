@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"errors"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -40,7 +39,9 @@ func (c *Config) validateRedis(environ map[string]string) error {
 			}
 			errs.Add(&envconf.Error{Var: EnvPrefix + "REDIS_URL", Value: redactedURL(c.RedisURL),
 				Want: configWants["REDIS_URL"] + " (" + why + ")"})
-		} else if host, _, _ := net.SplitHostPort(opts.Addr); opts.Network == "tcp" && (!validHost(host) || !hasHost(c.RedisURL)) {
+		} else if u, _ := url.Parse(c.RedisURL); opts.Network == "tcp" && !validHost(u.Hostname()) {
+			// go-redis reads "redis://:6379" as localhost, which a URL whose host is
+			// missing rarely means: refused as no host.
 			errs.Add(&envconf.Error{Var: EnvPrefix + "REDIS_URL", Value: redactedURL(c.RedisURL),
 				Want: configWants["REDIS_URL"] + " (its host is no IP address or DNS name)"})
 		} else {
@@ -151,11 +152,4 @@ func (h redisMetrics) observe(command string, start time.Time, err error) {
 	if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
 		h.m.Errors.WithLabelValues(command).Inc()
 	}
-}
-
-// hasHost reports whether the URL s names a host: go-redis reads "redis://:6379" as
-// localhost, which a URL whose host is missing rarely means.
-func hasHost(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && u.Hostname() != ""
 }
