@@ -290,16 +290,19 @@ func TestNoEffectWarned(t *testing.T) {
 		"MDPROXY_VERSION_MAX_WAIT":          "1s",
 		"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "1m",
 	})
-	check := func(when string, want ...string) {
+	// check waits for the lines-th warning (the reload counts itself before it logs)
+	// and checks that it names want.
+	check := func(when string, lines int, want ...string) {
 		t.Helper()
 		var warned []map[string]any
-		for _, l := range sidecartest.CheckJSONLogs(t, in.logs.String()) {
-			if l["msg"] == "settings without effect" {
-				warned = append(warned, l)
+		for deadline := time.Now().Add(reloadWithin); ; time.Sleep(10 * time.Millisecond) {
+			warned = logsOf(t, in.logs, "settings without effect")
+			if len(warned) >= lines || time.Now().After(deadline) {
+				break
 			}
 		}
-		if len(warned) == 0 {
-			t.Fatalf("%s: no %q line:\n%s", when, "settings without effect", in.logs)
+		if len(warned) < lines {
+			t.Fatalf("%s: %d %q lines, want %d:\n%s", when, len(warned), "settings without effect", lines, in.logs)
 		}
 		l := warned[len(warned)-1]
 		vars, _ := l["variables"].([]any)
@@ -312,11 +315,11 @@ func TestNoEffectWarned(t *testing.T) {
 			}
 		}
 	}
-	check("at start", "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_VERSION_MAX_WAIT", "MDPROXY_STAT_BURST")
+	check("at start", 1, "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_VERSION_MAX_WAIT", "MDPROXY_STAT_BURST")
 
 	replaceFile(t, path, "MDPROXY_STAT_RATE=1\nMDPROXY_STAT_BURST=3\nMDPROXY_LOGIN_BURST=2\n")
 	in.waitMetric(t, reloadsSuccess, 1, reloadWithin)
-	check("after a reload", "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_LOGIN_BURST", "MDPROXY_VERSION_MAX_WAIT")
+	check("after a reload", 2, "MDPROXY_FILE_RESULT_CLIENT_WINDOW", "MDPROXY_LOGIN_BURST", "MDPROXY_VERSION_MAX_WAIT")
 }
 
 // logsOf returns the lines of logs whose msg is msg.
