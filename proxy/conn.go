@@ -29,12 +29,16 @@ import (
 //     (Options.UploadReadBatch), for a plain TCP connection only: a TLS connection's
 //     uploads are read without a mark.
 //
-// A connection that is neither TCP nor TLS over TCP (a Unix socket) is returned
-// unchanged. Safe for concurrent use.
+// The connection may come from LazyDeadlines. A connection that is neither TCP nor TLS
+// over TCP (a Unix socket) is returned unchanged. Safe for concurrent use.
 func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	nc := c
-	if tc, ok := c.(*tls.Conn); ok {
-		nc = tc.NetConn()
+	tlsConn, isTLS := c.(*tls.Conn)
+	if isTLS {
+		nc = tlsConn.NetConn()
+	}
+	if lc, ok := nc.(*lazyConn); ok {
+		nc = lc.tcp // from LazyDeadlines
 	}
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
@@ -44,7 +48,7 @@ func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if err != nil {
 		return ctx
 	}
-	cc := &clientConn{rc: rc, plain: nc == c, bound: 2 * p.bodyIdle}
+	cc := &clientConn{rc: rc, plain: !isTLS, bound: 2 * p.bodyIdle}
 	if p.bodyIdle > 0 && userTimeoutBoundsZeroWindow() && setUserTimeout(rc, cc.bound) == nil {
 		cc.writeBound = true
 	}

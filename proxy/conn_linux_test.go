@@ -23,12 +23,15 @@ import (
 )
 
 // serveProxy serves h on a loopback httptest.Server (TLS when tls is set), with
-// p.ConnContext as the sidecar sets it when connContext is set, and without any
-// otherwise; conns receives the server's side of each connection (a *tls.Conn over
-// TLS), when there is room. The server is closed by t.Cleanup.
+// p.ConnContext and LazyDeadlines as the sidecar sets them when connContext is set, and
+// without either otherwise; conns receives the server's side of each connection (a
+// *tls.Conn over TLS), when there is room. The server is closed by t.Cleanup.
 func serveProxy(t *testing.T, p *Proxy, h http.Handler, connContext, tls bool, conns chan<- net.Conn) *httptest.Server {
 	t.Helper()
 	front := httptest.NewUnstartedServer(h)
+	if connContext {
+		front.Listener = LazyDeadlines(front.Listener, testResolution)
+	}
 	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		select {
 		case conns <- c:
@@ -58,8 +61,12 @@ func userTimeout(t *testing.T, c net.Conn) int {
 	return got
 }
 
-// userTimeoutOf returns the TCP_USER_TIMEOUT of c's socket, in milliseconds.
+// userTimeoutOf returns the TCP_USER_TIMEOUT of c's socket (c from LazyDeadlines or
+// not), in milliseconds.
 func userTimeoutOf(c net.Conn) (int, error) {
+	if lc, ok := c.(*lazyConn); ok {
+		c = lc.tcp
+	}
 	return sockopt(c.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 }
 

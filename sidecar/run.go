@@ -150,6 +150,9 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	var stopping atomic.Bool
 	errLog := serverErrorLog(log)
 	srv := newServer(cfg, h, errLog)
+	// net/http's read deadlines, set a few times a request, are kept in memory and
+	// enforced every 100 ms (proxy.LazyDeadlines), not by a runtime timer each.
+	pl = proxy.LazyDeadlines(pl, 0)
 	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.

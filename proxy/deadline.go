@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LazyDeadlines returns ln with the read deadlines of the TCP connections it accepts kept
+// by the listener instead of by each socket, for the proxy's server (the sidecar wraps
+// its listener with it before TLS). net/http sets a read deadline on a connection
+// several times a request to enforce ReadHeaderTimeout and IdleTimeout (the idle wait,
+// the header read, none while the handler runs), and each deadline in the future is a
+// runtime timer added, moved or removed under the poller's lock (README, Performance).
+// A connection from LazyDeadlines records such a deadline in memory; one goroutine,
+// running while the listener has connections, looks at them every resolution
+// (resolution <= 0: 100 ms) and ends the read of each whose deadline has passed by
+// setting its socket's deadline in the past. What a caller sees is net.Conn's contract,
+// the deadline up to one resolution late: a Read returns os.ErrDeadlineExceeded once
+// the deadline last set has passed, and a deadline set at or before now (net/http's
+// end of its background read) reaches the socket at once, ending a Read blocked in
+// another goroutine. Write deadlines are the socket's own.
+//
+// Connections that are not *net.TCPConn are returned as they are. The returned listener
+// is safe for concurrent use, as are its connections, as net.Conn is.
+func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
+	if resolution <= 0 {
+		resolution = 100 * time.Millisecond
+	}
+	return &lazyListener{Listener: ln, resolution: resolution, conns: map[*lazyConn]struct{}{},
+		emptied: make(chan struct{}, 1)}
+}
+
+// lazyListener is LazyDeadlines' listener: it keeps its open connections for its
+// sweeper, a goroutine that runs while there is one.
+type lazyListener struct {
+	net.Listener
+	resolution time.Duration
+
+	mu       sync.Mutex
+	conns    map[*lazyConn]struct{} // open connections
+	sweeping bool                   // the sweeper runs
+	emptied  chan struct{}          // the last connection closed: the sweeper may end
+}
+
+func (l *lazyListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c, nil
+	}
+	lc := &lazyConn{Conn: tc, tcp: tc, ln: l}
+	lc.asked.Store(noDeadline)
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	if !l.sweeping {
+		l.sweeping = true
+		go l.sweep()
+	}
+	l.mu.Unlock()
+	return lc, nil
+}
+
+// sweep ends the reads of the connections whose deadline has passed, every resolution,
+// until the listener has no connection left.
+func (l *lazyListener) sweep() {
+	t := time.NewTicker(l.resolution)
+	defer t.Stop()
+	var open []*lazyConn
+	for {
+		select {
+		case <-t.C:
+		case <-l.emptied:
+		}
+		l.mu.Lock()
+		if len(l.conns) == 0 {
+			l.sweeping = false
+			l.mu.Unlock()
+			return
+		}
+		open = open[:0]
+		for c := range l.conns {
+			open = append(open, c)
+		}
+		l.mu.Unlock()
+		now := sinceBase()
+		for _, c := range open {
+			if d := c.asked.Load(); d != noDeadline && now >= d && !c.past.Load() {
+				_ = c.setPast()
+			}
+		}
+		clear(open) // no connection kept from its collection until the next tick
+	}
+}
+
+// noDeadline is a lazyConn's deadline when there is none: later than any other.
+const noDeadline = int64(1<<63 - 1)
+
+// deadlineBase is the origin of a lazyConn's deadlines, which are nanoseconds since it
+// on the monotonic clock, as the runtime counts a deadline: a change of the wall clock
+// moves none of them.
+var deadlineBase = time.Now()
+
+// sinceBase returns now as a lazyConn deadline.
+func sinceBase() int64 { return int64(time.Since(deadlineBase)) }
+
+// deadlineOf returns t as a lazyConn deadline: noDeadline for the zero time, else
+// nanoseconds since deadlineBase (saturated, as time.Time.Sub is).
+func deadlineOf(t time.Time) int64 {
+	if t.IsZero() {
+		return noDeadline
+	}
+	return int64(t.Sub(deadlineBase))
+}
+
+// aLongTimeAgo is the socket's read deadline that ends its reads.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// lazyConn is a connection from LazyDeadlines. Its socket has no read deadline, or one
+// in the past (past) once the deadline asked for (asked) has passed. The socket's
+// deadline changes under mu only; asked is stored without it and read again under it.
+type lazyConn struct {
+	net.Conn
+	tcp   *net.TCPConn // the same connection as Conn
+	ln    *lazyListener
+	asked atomic.Int64 // deadlineOf the last SetReadDeadline
+	past  atomic.Bool  // the socket's read deadline is in the past (else it has none)
+	mu    sync.Mutex
+}
+
+// SetReadDeadline records t; a t at or before now also reaches the socket, ending the
+// reads at once, and a later one clears the socket's deadline if it was in the past.
+func (c *lazyConn) SetReadDeadline(t time.Time) error {
+	d := deadlineOf(t)
+	c.asked.Store(d)
+	if d != noDeadline && d <= sinceBase() {
+		return c.setPast()
+	}
+	if c.past.Load() {
+		return c.clearPast()
+	}
+	return nil
+}
+
+// SetDeadline sets the read deadline as SetReadDeadline does, and the write deadline.
+func (c *lazyConn) SetDeadline(t time.Time) error {
+	if err := c.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// expired reports whether the deadline asked for has passed.
+func (c *lazyConn) expired() bool {
+	d := c.asked.Load()
+	return d != noDeadline && sinceBase() >= d
+}
+
+// setPast sets the socket's read deadline in the past, ending its reads, if the deadline
+// asked for has passed.
+func (c *lazyConn) setPast() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.past.Load() || !c.expired() {
+		return nil
+	}
+	c.past.Store(true)
+	return c.Conn.SetReadDeadline(aLongTimeAgo)
+}
+
+// clearPast removes the socket's read deadline, if the deadline asked for has not
+// passed.
+func (c *lazyConn) clearPast() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expired() {
+		return nil
+	}
+	c.past.Store(false)
+	return c.Conn.SetReadDeadline(time.Time{})
+}
+
+// Read reads from the socket. When the socket's deadline ended the read but the deadline
+// asked for has since moved on, it clears the socket's and reads again.
+func (c *lazyConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.expired() {
+			return n, err
+		}
+		if c.clearPast() != nil {
+			return n, err
+		}
+	}
+}
+
+// Close closes the connection and forgets it.
+func (c *lazyConn) Close() error {
+	l := c.ln
+	l.mu.Lock()
+	delete(l.conns, c)
+	if len(l.conns) == 0 && l.sweeping {
+		select {
+		case l.emptied <- struct{}{}:
+		default:
+		}
+	}
+	l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// CloseWrite shuts down the writing side of the connection, as net.TCPConn's does
+// (net/http uses it to close a connection gracefully).
+func (c *lazyConn) CloseWrite() error { return c.tcp.CloseWrite() }
+
+// ReadFrom writes what r has to the connection, as net.TCPConn's does (with Linux's
+// splice or sendfile where it can).
+func (c *lazyConn) ReadFrom(r io.Reader) (int64, error) { return c.tcp.ReadFrom(r) }
