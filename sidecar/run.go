@@ -151,8 +151,8 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	errLog := serverErrorLog(log)
 	srv := newServer(cfg, h, errLog)
 	// net/http's read deadlines, set a few times a request, are kept in memory and
-	// enforced every 100 ms (proxy.LazyDeadlines), not by a runtime timer each.
-	pl = proxy.LazyDeadlines(pl, 0)
+	// enforced by one goroutine (proxy.LazyDeadlines), not by a runtime timer each.
+	pl = proxy.LazyDeadlines(pl, deadlineResolution(cfg))
 	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
@@ -300,6 +300,17 @@ func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, l
 	case err := <-errc:
 		return err
 	}
+}
+
+// deadlineResolution returns how often the proxy listener's read deadlines are looked
+// at (proxy.LazyDeadlines): every 100 ms, or a tenth of the shortest client timeout
+// (MDPROXY_READ_HEADER_TIMEOUT, MDPROXY_IDLE_TIMEOUT, MDPROXY_BODY_IDLE_TIMEOUT) when
+// that is shorter, at least 1 ms. A timeout fires up to that late. Core's side of a
+// stalled upload waits for its body idle timeout and more (TransportOptions), so the
+// client's own bound, late by a tenth at most, still fires first (408).
+func deadlineResolution(cfg *Config) time.Duration {
+	shortest := min(cfg.ReadHeaderTimeout, cfg.IdleTimeout, cfg.BodyIdleTimeout)
+	return max(min(100*time.Millisecond, shortest/10), time.Millisecond)
 }
 
 // newServer returns the proxy's server for p. It sets no ReadTimeout nor WriteTimeout:

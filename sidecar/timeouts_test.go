@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -16,12 +17,12 @@ import (
 )
 
 // TestRunClientTimeouts: MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT hold on
-// the proxy's listener, whose read deadlines are armed lazily (proxy.LazyDeadlines with
-// a step of the header timeout): a client that sends part of its headers, or sends
-// them a byte at a time, is cut once the header timeout has passed, and not before; a
-// kept-alive connection outlives the step and serves a request that comes within the
-// idle timeout, and is closed once the idle timeout has passed after its last answer,
-// not before.
+// the proxy's listener, whose read deadlines are kept in memory (proxy.LazyDeadlines,
+// looked at every 30 ms here): a client that sends part of its headers, or sends them a
+// byte at a time, is cut once the header timeout has passed, and not before; a
+// kept-alive connection outlives the header timeout and serves a request that comes
+// within the idle timeout, and is closed once the idle timeout has passed after its
+// last answer, not before.
 func TestRunClientTimeouts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: about 2 s")
@@ -133,7 +134,7 @@ func TestRunClientTimeouts(t *testing.T) {
 			}
 		}
 		get()
-		time.Sleep(header + idle/3) // past the step, within the idle timeout
+		time.Sleep(header + idle/3) // past the header timeout, within the idle timeout
 		get()
 		last := time.Now()
 		if _, err := br.ReadByte(); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
@@ -143,4 +144,30 @@ func TestRunClientTimeouts(t *testing.T) {
 			t.Errorf("idle connection closed %v after its last answer, want no sooner than the idle timeout %v", after, idle)
 		}
 	})
+}
+
+// TestDeadlineResolution: the proxy listener's read deadlines are looked at every
+// 100 ms, or a tenth of the shortest client timeout, at least 1 ms.
+func TestDeadlineResolution(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		want time.Duration
+	}{
+		{nil, 100 * time.Millisecond},
+		{map[string]string{"MDPROXY_READ_HEADER_TIMEOUT": "300ms"}, 30 * time.Millisecond},
+		{map[string]string{"MDPROXY_IDLE_TIMEOUT": "2s"}, 100 * time.Millisecond},
+		{map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "700ms", "MDPROXY_IDLE_TIMEOUT": "900ms"}, 70 * time.Millisecond},
+		{map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "5ms"}, time.Millisecond},
+	} {
+		env := map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
+		maps.Copy(env, tc.env)
+		cfg, err := LoadConfig(env)
+		if err != nil {
+			t.Fatalf("LoadConfig(%v) = %v", env, err)
+		}
+		if got := deadlineResolution(cfg); got != tc.want {
+			t.Errorf("deadlineResolution with %v = %v, want %v", tc.env, got, tc.want)
+		}
+	}
 }
