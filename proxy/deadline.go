@@ -31,20 +31,14 @@ func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
 	if resolution <= 0 {
 		resolution = 100 * time.Millisecond
 	}
-	return &lazyListener{Listener: ln, resolution: resolution, conns: map[*lazyConn]struct{}{},
-		emptied: make(chan struct{}, 1)}
+	return &lazyListener{Listener: ln, conns: newSweepSet(resolution, (*lazyConn).sweep)}
 }
 
-// lazyListener is LazyDeadlines' listener: it keeps its open connections for its
-// sweeper, a goroutine that runs while there is one.
+// lazyListener is LazyDeadlines' listener. Its open connections are in a sweepSet,
+// whose goroutine (the sweeper) runs while there is one.
 type lazyListener struct {
 	net.Listener
-	resolution time.Duration
-
-	mu       sync.Mutex
-	conns    map[*lazyConn]struct{} // open connections
-	sweeping bool                   // the sweeper runs
-	emptied  chan struct{}          // the last connection closed: the sweeper may end
+	conns *sweepSet[*lazyConn]
 }
 
 func (l *lazyListener) Accept() (net.Conn, error) {
@@ -58,46 +52,8 @@ func (l *lazyListener) Accept() (net.Conn, error) {
 	}
 	lc := &lazyConn{Conn: tc, tcp: tc, ln: l}
 	lc.asked.Store(noDeadline)
-	l.mu.Lock()
-	l.conns[lc] = struct{}{}
-	if !l.sweeping {
-		l.sweeping = true
-		go l.sweep()
-	}
-	l.mu.Unlock()
+	l.conns.add(lc)
 	return lc, nil
-}
-
-// sweep ends the reads of the connections whose deadline has passed, every resolution,
-// until the listener has no connection left.
-func (l *lazyListener) sweep() {
-	t := time.NewTicker(l.resolution)
-	defer t.Stop()
-	var open []*lazyConn
-	for {
-		select {
-		case <-t.C:
-		case <-l.emptied:
-		}
-		l.mu.Lock()
-		if len(l.conns) == 0 {
-			l.sweeping = false
-			l.mu.Unlock()
-			return
-		}
-		open = open[:0]
-		for c := range l.conns {
-			open = append(open, c)
-		}
-		l.mu.Unlock()
-		now := sinceBase()
-		for _, c := range open {
-			if d := c.asked.Load(); d != noDeadline && now >= d && !c.past.Load() {
-				_ = c.setPast()
-			}
-		}
-		clear(open) // no connection kept from its collection until the next tick
-	}
 }
 
 // noDeadline is a lazyConn's deadline when there is none: later than any other.
@@ -157,6 +113,13 @@ func (c *lazyConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
+// sweep ends c's reads if its deadline has passed at now: the sweeper's visit.
+func (c *lazyConn) sweep(now time.Time) {
+	if d := c.asked.Load(); d != noDeadline && deadlineOf(now) >= d && !c.past.Load() {
+		_ = c.setPast()
+	}
+}
+
 // expired reports whether the deadline asked for has passed.
 func (c *lazyConn) expired() bool {
 	d := c.asked.Load()
@@ -203,16 +166,7 @@ func (c *lazyConn) Read(p []byte) (int, error) {
 
 // Close closes the connection and forgets it.
 func (c *lazyConn) Close() error {
-	l := c.ln
-	l.mu.Lock()
-	delete(l.conns, c)
-	if len(l.conns) == 0 && l.sweeping {
-		select {
-		case l.emptied <- struct{}{}:
-		default:
-		}
-	}
-	l.mu.Unlock()
+	c.ln.conns.remove(c)
 	return c.Conn.Close()
 }
 

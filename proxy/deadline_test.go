@@ -276,18 +276,18 @@ func TestLazyDeadlinesConcurrentSets(t *testing.T) {
 func TestLazyDeadlinesSweeperEnds(t *testing.T) {
 	t.Parallel()
 	c, _ := lazyPair(t, time.Millisecond)
-	l := c.ln
-	l.mu.Lock()
-	sweeping := l.sweeping
-	l.mu.Unlock()
+	s := c.ln.conns
+	s.mu.Lock()
+	sweeping := s.sweeping
+	s.mu.Unlock()
 	if !sweeping {
 		t.Fatal("no sweeper while the listener has a connection")
 	}
 	c.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		l.mu.Lock()
-		sweeping, n := l.sweeping, len(l.conns)
-		l.mu.Unlock()
+		s.mu.Lock()
+		sweeping, n := s.sweeping, len(s.m)
+		s.mu.Unlock()
 		if !sweeping && n == 0 {
 			return
 		}
