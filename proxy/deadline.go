@@ -60,20 +60,28 @@ func (l *lazyListener) Accept() (net.Conn, error) {
 const noDeadline = int64(1<<63 - 1)
 
 // deadlineBase is the origin of a lazyConn's deadlines, which are nanoseconds since it
-// on the monotonic clock, as the runtime counts a deadline: a change of the wall clock
-// moves none of them.
+// on the monotonic clock (see deadlineOf).
 var deadlineBase = time.Now()
 
 // sinceBase returns now as a lazyConn deadline.
 func sinceBase() int64 { return int64(time.Since(deadlineBase)) }
 
-// deadlineOf returns t as a lazyConn deadline: noDeadline for the zero time, else
-// nanoseconds since deadlineBase (saturated, as time.Time.Sub is).
-func deadlineOf(t time.Time) int64 {
+// deadlineOf returns t as a lazyConn deadline, and whether it is at or before now:
+// noDeadline for the zero time, else now (as sinceBase) plus how long until t, counted
+// as the runtime counts a socket's deadline: on the monotonic clock when t has its
+// reading, else on the wall clock from now (time.Unix, t.UTC(), t.Round(0)), so that a
+// step of the wall clock before t was set moves it no more than it moves a socket's
+// (saturated, as time.Time.Sub is).
+func deadlineOf(t time.Time) (d int64, past bool) {
 	if t.IsZero() {
-		return noDeadline
+		return noDeadline, false
 	}
-	return int64(t.Sub(deadlineBase))
+	now := time.Now()
+	since, left := int64(now.Sub(deadlineBase)), int64(t.Sub(now))
+	if left > noDeadline-since {
+		return noDeadline, false
+	}
+	return since + left, left <= 0
 }
 
 // aLongTimeAgo is the socket's read deadline that ends its reads.
@@ -84,19 +92,23 @@ var aLongTimeAgo = time.Unix(1, 0)
 // deadline changes under mu only; asked is stored without it and read again under it.
 type lazyConn struct {
 	net.Conn
-	tcp   *net.TCPConn // the same connection as Conn
-	ln    *lazyListener
-	asked atomic.Int64 // deadlineOf the last SetReadDeadline
-	past  atomic.Bool  // the socket's read deadline is in the past (else it has none)
-	mu    sync.Mutex
+	tcp    *net.TCPConn // the same connection as Conn
+	ln     *lazyListener
+	asked  atomic.Int64 // deadlineOf the last SetReadDeadline
+	past   atomic.Bool  // the socket's read deadline is in the past (else it has none)
+	closed atomic.Bool  // Close was called
+	mu     sync.Mutex
 }
 
 // SetReadDeadline records t; a t at or before now also reaches the socket, ending the
 // reads at once, and a later one clears the socket's deadline if it was in the past.
 func (c *lazyConn) SetReadDeadline(t time.Time) error {
-	d := deadlineOf(t)
+	if c.closed.Load() {
+		return c.Conn.SetReadDeadline(t) // the socket's error: net.ErrClosed
+	}
+	d, past := deadlineOf(t)
 	c.asked.Store(d)
-	if d != noDeadline && d <= sinceBase() {
+	if past {
 		return c.setPast()
 	}
 	if c.past.Load() {
@@ -115,7 +127,7 @@ func (c *lazyConn) SetDeadline(t time.Time) error {
 
 // sweep ends c's reads if its deadline has passed at now: the sweeper's visit.
 func (c *lazyConn) sweep(now time.Time) {
-	if d := c.asked.Load(); d != noDeadline && deadlineOf(now) >= d && !c.past.Load() {
+	if d := c.asked.Load(); d != noDeadline && int64(now.Sub(deadlineBase)) >= d && !c.past.Load() {
 		_ = c.setPast()
 	}
 }
@@ -166,6 +178,7 @@ func (c *lazyConn) Read(p []byte) (int, error) {
 
 // Close closes the connection and forgets it.
 func (c *lazyConn) Close() error {
+	c.closed.Store(true)
 	c.ln.conns.remove(c)
 	return c.Conn.Close()
 }

@@ -5,10 +5,12 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // lazyPair returns the server's side of a loopback TCP connection accepted through
@@ -298,8 +300,8 @@ func TestLazyDeadlinesSweeperEnds(t *testing.T) {
 }
 
 // TestLazyDeadlinesConn: the accepted connection still shuts down its writing side
-// (net/http's graceful close) and writes from a reader, as a *net.TCPConn does;
-// ConnContext finds the socket under it.
+// (net/http's graceful close) and writes from a reader, as a *net.TCPConn does, and
+// refuses deadlines once closed; ConnContext finds the socket under it.
 func TestLazyDeadlinesConn(t *testing.T) {
 	t.Parallel()
 	c, client := lazyPair(t, 0)
@@ -314,7 +316,16 @@ func TestLazyDeadlinesConn(t *testing.T) {
 		t.Errorf("client read %d bytes, %v; want 1000 then EOF", len(got), err)
 	}
 	p := &Proxy{}
-	if cc := p.ConnContext(t.Context(), c).Value(clientConnKey{}); cc == nil {
+	ctx := p.ConnContext(t.Context(), c)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Time{{}, time.Now().Add(time.Hour), aLongTimeAgo} {
+		if err := c.SetReadDeadline(d); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("SetReadDeadline(%v) after Close = %v, want net.ErrClosed", d, err)
+		}
+	}
+	if cc := ctx.Value(clientConnKey{}); cc == nil {
 		t.Error("ConnContext found no socket under a connection from LazyDeadlines")
 	} else if !cc.(*clientConn).plain {
 		t.Error("ConnContext took a connection from LazyDeadlines for TLS")
@@ -393,5 +404,76 @@ func BenchmarkReadDeadlines(b *testing.B) {
 				_ = c.SetReadDeadline(time.Time{})
 			}
 		})
+	}
+}
+
+// TestLazyDeadlinesWallClockStep: a deadline without a monotonic reading (time.Unix,
+// t.UTC(), t.Round(0)) counts, as a *net.TCPConn's does, from when it is set on the
+// wall clock, so that a step of the wall clock since the process started moves none:
+// a deadline in the past ends a blocked Read at once, one in the future ends it not
+// before it. The step is simulated by moving deadlineBase's wall reading (not its
+// monotonic one), as a step of the wall clock after it was read would, in a process of
+// its own: the sweepers of the other tests read deadlineBase.
+func TestLazyDeadlinesWallClockStep(t *testing.T) {
+	if os.Getenv("LAZY_WALL_CLOCK_STEP") == "" {
+		t.Parallel()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestLazyDeadlinesWallClockStep$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "LAZY_WALL_CLOCK_STEP=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return
+	}
+	saved := deadlineBase
+	defer func() { deadlineBase = saved }()
+	for _, step := range []time.Duration{time.Hour, -time.Hour} {
+		base := saved
+		// time.Time's wall field, with a monotonic reading: seconds in bits 30 to 62.
+		wall := (*uint64)(unsafe.Pointer(&base))
+		*wall = uint64(int64(*wall) - int64(step/time.Second)<<30)
+		if got := base.Round(0).Sub(saved.Round(0)); got != -step {
+			t.Fatalf("forged base's wall = %v from the real one, want %v", got, -step)
+		}
+		deadlineBase = base
+		func() {
+			c, client := lazyPair(t, 10*time.Millisecond)
+			defer func() { // the sweeper ends before deadlineBase is put back
+				c.Close()
+				client.Close()
+				for c.ln.conns.mu.Lock(); c.ln.conns.sweeping; c.ln.conns.mu.Lock() {
+					c.ln.conns.mu.Unlock()
+					time.Sleep(time.Millisecond)
+				}
+				c.ln.conns.mu.Unlock()
+			}()
+
+			// A wall-clock deadline at now ends a blocked Read at once.
+			done := readAsync(c, make([]byte, 1))
+			time.Sleep(10 * time.Millisecond)
+			if err := c.SetReadDeadline(time.Now().UTC()); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-done:
+				if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+					t.Fatalf("wall clock stepped %v: Read = %v, want os.ErrDeadlineExceeded", step, r.err)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatalf("wall clock stepped %v: a wall-clock deadline at now did not end the Read in 2 s", step)
+			}
+
+			// A wall-clock deadline 30 minutes away does not end a Read in 300 ms.
+			if err := c.SetReadDeadline(time.Now().UTC().Add(30 * time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			done = readAsync(c, make([]byte, 1))
+			select {
+			case r := <-done:
+				t.Fatalf("wall clock stepped %v: Read = %v with a deadline 30 min away", step, r.err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			_ = c.SetReadDeadline(aLongTimeAgo)
+			wait(t, done)
+		}()
 	}
 }
