@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -23,7 +24,10 @@ import (
 // the deadline up to one resolution late: a Read returns os.ErrDeadlineExceeded once
 // the deadline last set has passed, and a deadline set at or before now (net/http's
 // end of its background read) reaches the socket at once, ending a Read blocked in
-// another goroutine. Write deadlines are the socket's own.
+// another goroutine. Write deadlines are the socket's own. Setting a deadline reads
+// the clock only when the deadline is near: one more than two resolutions after the
+// sweeper's last look is in the future (only a sweeper held up longer than a
+// resolution makes that wrong, and the deadline late by as much).
 //
 // Connections that are not *net.TCPConn are returned as they are. The returned listener
 // is safe for concurrent use, as are its connections, as net.Conn is.
@@ -38,7 +42,8 @@ func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
 // whose goroutine (the sweeper) runs while there is one.
 type lazyListener struct {
 	net.Listener
-	conns *sweepSet[*lazyConn]
+	conns  *sweepSet[*lazyConn]
+	looked atomic.Int64 // sinceBase at the sweeper's last look or the last Accept
 }
 
 func (l *lazyListener) Accept() (net.Conn, error) {
@@ -52,6 +57,7 @@ func (l *lazyListener) Accept() (net.Conn, error) {
 	}
 	lc := &lazyConn{Conn: tc, tcp: tc, ln: l}
 	lc.asked.Store(noDeadline)
+	l.looked.Store(sinceBase())
 	l.conns.add(lc)
 	return lc, nil
 }
@@ -67,14 +73,26 @@ var deadlineBase = time.Now()
 func sinceBase() int64 { return int64(time.Since(deadlineBase)) }
 
 // deadlineOf returns t as a lazyConn deadline, and whether it is at or before now:
-// noDeadline for the zero time, else now (as sinceBase) plus how long until t, counted
-// as the runtime counts a socket's deadline: on the monotonic clock when t has its
-// reading, else on the wall clock from now (time.Unix, t.UTC(), t.Round(0)), so that a
-// step of the wall clock before t was set moves it no more than it moves a socket's
-// (saturated, as time.Time.Sub is).
-func deadlineOf(t time.Time) (d int64, past bool) {
-	if t.IsZero() {
+// noDeadline for the zero time; a time before 2000 (net/http's instant deadline is
+// 1970) has passed, whatever the clock, and is told without reading it; else now (as
+// sinceBase) plus how long until t, counted as the runtime counts a socket's deadline:
+// on the monotonic clock when t has its reading, else on the wall clock from now
+// (time.Unix, t.UTC(), t.Round(0)), so that a step of the wall clock before t was set
+// moves it no more than it moves a socket's (saturated, as time.Time.Sub is). A t with
+// a monotonic reading more than two resolutions after the sweeper's last look is in the
+// future, and is told without reading the clock (net/http's deadlines of seconds).
+func (c *lazyConn) deadlineOf(t time.Time) (d int64, past bool) {
+	switch {
+	case t.IsZero():
 		return noDeadline, false
+	case t.Before(longAgo):
+		return math.MinInt64, true
+	case t != t.Round(0): // a monotonic reading
+		d = int64(t.Sub(deadlineBase))
+		if d-2*int64(c.ln.conns.period) > c.ln.looked.Load() {
+			return d, false
+		}
+		return d, d <= sinceBase()
 	}
 	now := time.Now()
 	since, left := int64(now.Sub(deadlineBase)), int64(t.Sub(now))
@@ -84,12 +102,18 @@ func deadlineOf(t time.Time) (d int64, past bool) {
 	return since + left, left <= 0
 }
 
+// longAgo is the start of 2000: a deadline before it has passed.
+var longAgo = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // aLongTimeAgo is the socket's read deadline that ends its reads.
 var aLongTimeAgo = time.Unix(1, 0)
 
 // lazyConn is a connection from LazyDeadlines. Its socket has no read deadline, or one
 // in the past (past) once the deadline asked for (asked) has passed. The socket's
-// deadline changes under mu only; asked is stored without it and read again under it.
+// deadline changes under mu only, and only while asked is the deadline the change was
+// decided on: a deadline asked for meanwhile is its setter's to carry to the socket. A
+// socket left with a past deadline while a later one is asked for is cleared by the
+// next SetReadDeadline or Read.
 type lazyConn struct {
 	net.Conn
 	tcp    *net.TCPConn // the same connection as Conn
@@ -106,13 +130,13 @@ func (c *lazyConn) SetReadDeadline(t time.Time) error {
 	if c.closed.Load() {
 		return c.Conn.SetReadDeadline(t) // the socket's error: net.ErrClosed
 	}
-	d, past := deadlineOf(t)
+	d, past := c.deadlineOf(t)
 	c.asked.Store(d)
 	if past {
-		return c.setPast()
+		return c.setPast(d)
 	}
 	if c.past.Load() {
-		return c.clearPast()
+		return c.clearPast(d)
 	}
 	return nil
 }
@@ -127,35 +151,33 @@ func (c *lazyConn) SetDeadline(t time.Time) error {
 
 // sweep ends c's reads if its deadline has passed at now: the sweeper's visit.
 func (c *lazyConn) sweep(now time.Time) {
-	if d := c.asked.Load(); d != noDeadline && int64(now.Sub(deadlineBase)) >= d && !c.past.Load() {
-		_ = c.setPast()
+	n := int64(now.Sub(deadlineBase))
+	if n > c.ln.looked.Load() {
+		c.ln.looked.Store(n)
+	}
+	if d := c.asked.Load(); d != noDeadline && n >= d && !c.past.Load() {
+		_ = c.setPast(d)
 	}
 }
 
-// expired reports whether the deadline asked for has passed.
-func (c *lazyConn) expired() bool {
-	d := c.asked.Load()
-	return d != noDeadline && sinceBase() >= d
-}
-
 // setPast sets the socket's read deadline in the past, ending its reads, if the deadline
-// asked for has passed.
-func (c *lazyConn) setPast() error {
+// asked for is still d, which has passed.
+func (c *lazyConn) setPast(d int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.past.Load() || !c.expired() {
+	if c.past.Load() || c.asked.Load() != d {
 		return nil
 	}
 	c.past.Store(true)
 	return c.Conn.SetReadDeadline(aLongTimeAgo)
 }
 
-// clearPast removes the socket's read deadline, if the deadline asked for has not
-// passed.
-func (c *lazyConn) clearPast() error {
+// clearPast removes the socket's read deadline, if the deadline asked for is still d,
+// which has not passed.
+func (c *lazyConn) clearPast(d int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.expired() {
+	if c.asked.Load() != d {
 		return nil
 	}
 	c.past.Store(false)
@@ -163,14 +185,18 @@ func (c *lazyConn) clearPast() error {
 }
 
 // Read reads from the socket. When the socket's deadline ended the read but the deadline
-// asked for has since moved on, it clears the socket's and reads again.
+// asked for has not passed (it moved on since), it clears the socket's and reads again.
 func (c *lazyConn) Read(p []byte) (int, error) {
 	for {
 		n, err := c.Conn.Read(p)
-		if n > 0 || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.expired() {
+		if n > 0 || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		if c.clearPast() != nil {
+		d := c.asked.Load()
+		if d != noDeadline && sinceBase() >= d {
+			return n, err
+		}
+		if c.clearPast(d) != nil {
 			return n, err
 		}
 	}
