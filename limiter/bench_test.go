@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -17,14 +18,14 @@ func BenchmarkAcquireNil(b *testing.B) {
 // BenchmarkAcquireAllow is the allow path of the global bucket: a rate so high and a
 // burst so large that every request finds a token.
 func BenchmarkAcquireAllow(b *testing.B) {
-	bucket := mustBucket(b, limiter.Limit{Rate: 1e12, Burst: 1 << 40}, nil)
+	bucket := mustBucket(b, limiter.Limit{Rate: limiter.MaxRate, Burst: 1 << 40}, nil)
 	benchAcquire(b, bucket, limiter.Allowed, oneClient)
 }
 
 // BenchmarkAcquireReject is the reject path: the bucket is empty and refills once in
-// about 30 years.
+// 27.8 hours (MinRate).
 func BenchmarkAcquireReject(b *testing.B) {
-	bucket := mustBucket(b, limiter.Limit{Rate: 1e-9, Burst: 1}, nil)
+	bucket := mustBucket(b, limiter.Limit{Rate: limiter.MinRate, Burst: 1}, nil)
 	if d := bucket.Acquire(context.Background(), "c"); d.Outcome != limiter.Allowed {
 		b.Fatalf("Acquire() emptying the bucket = %v, want allowed", d.Outcome)
 	}
@@ -34,7 +35,7 @@ func BenchmarkAcquireReject(b *testing.B) {
 // BenchmarkAcquireClient is the per-client path (the sliding window) in front of an allowing
 // global bucket, over 1024 client keys whose share is never used up.
 func BenchmarkAcquireClient(b *testing.B) {
-	bucket := mustBucket(b, limiter.Limit{Rate: 1e12, Burst: 1 << 40, ClientLimit: 1 << 40, ClientWindow: time.Minute}, nil)
+	bucket := mustBucket(b, limiter.Limit{Rate: limiter.MaxRate, Burst: 1 << 40, ClientLimit: math.MaxInt32, ClientWindow: time.Minute}, nil)
 	benchAcquire(b, bucket, limiter.Allowed, cycleClients)
 }
 
