@@ -24,10 +24,10 @@ import (
 // the deadline up to one resolution late: a Read returns os.ErrDeadlineExceeded once
 // the deadline last set has passed, and a deadline set at or before now (net/http's
 // end of its background read) reaches the socket at once, ending a Read blocked in
-// another goroutine. Write deadlines are the socket's own. Setting a deadline reads
-// the clock only when the deadline is near: one more than two resolutions after the
-// sweeper's last look is in the future (only a sweeper held up longer than a
-// resolution makes that wrong, and the deadline late by as much).
+// another goroutine. Write deadlines are the socket's own. Setting a deadline with a
+// monotonic reading reads the clock, even when it is far: a sweeper held up (a loaded
+// process) must not make a deadline at now look like one in the future, which would end
+// a blocked Read only at its next look.
 //
 // Connections that are not *net.TCPConn are returned as they are. The returned listener
 // is safe for concurrent use, as are its connections, as net.Conn is.
@@ -42,8 +42,7 @@ func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
 // whose goroutine (the sweeper) runs while there is one.
 type lazyListener struct {
 	net.Listener
-	conns  *sweepSet[*lazyConn]
-	looked atomic.Int64 // sinceBase at the sweeper's last look or the last Accept
+	conns *sweepSet[*lazyConn]
 }
 
 func (l *lazyListener) Accept() (net.Conn, error) {
@@ -57,7 +56,6 @@ func (l *lazyListener) Accept() (net.Conn, error) {
 	}
 	lc := &lazyConn{Conn: tc, tcp: tc, ln: l}
 	lc.asked.Store(noDeadline)
-	l.looked.Store(sinceBase())
 	l.conns.add(lc)
 	return lc, nil
 }
@@ -78,9 +76,7 @@ func sinceBase() int64 { return int64(time.Since(deadlineBase)) }
 // sinceBase) plus how long until t, counted as the runtime counts a socket's deadline:
 // on the monotonic clock when t has its reading, else on the wall clock from now
 // (time.Unix, t.UTC(), t.Round(0)), so that a step of the wall clock before t was set
-// moves it no more than it moves a socket's (saturated, as time.Time.Sub is). A t with
-// a monotonic reading more than two resolutions after the sweeper's last look is in the
-// future, and is told without reading the clock (net/http's deadlines of seconds).
+// moves it no more than it moves a socket's (saturated, as time.Time.Sub is).
 func (c *lazyConn) deadlineOf(t time.Time) (d int64, past bool) {
 	switch {
 	case t.IsZero():
@@ -89,9 +85,6 @@ func (c *lazyConn) deadlineOf(t time.Time) (d int64, past bool) {
 		return math.MinInt64, true
 	case t != t.Round(0): // a monotonic reading
 		d = int64(t.Sub(deadlineBase))
-		if d-2*int64(c.ln.conns.period) > c.ln.looked.Load() {
-			return d, false
-		}
 		return d, d <= sinceBase()
 	}
 	now := time.Now()
@@ -152,9 +145,6 @@ func (c *lazyConn) SetDeadline(t time.Time) error {
 // sweep ends c's reads if its deadline has passed at now: the sweeper's visit.
 func (c *lazyConn) sweep(now time.Time) {
 	n := int64(now.Sub(deadlineBase))
-	if n > c.ln.looked.Load() {
-		c.ln.looked.Store(n)
-	}
 	if d := c.asked.Load(); d != noDeadline && n >= d && !c.past.Load() {
 		_ = c.setPast(d)
 	}

@@ -480,3 +480,42 @@ func TestLazyDeadlinesWallClockStep(t *testing.T) {
 		}()
 	}
 }
+
+// TestLazyDeadlinesNowSweeperHeldUp: a deadline at now reaches the socket at once even
+// while the sweeper is held up (here by goroutines that keep every P busy, as a loaded
+// proxy does), as net.Conn's does: taken for one in the future because it is later than
+// the sweeper's last look, it ended a blocked Read only at the sweeper's next look, tens
+// of resolutions late.
+func TestLazyDeadlinesNowSweeperHeldUp(t *testing.T) {
+	c, _ := lazyPair(t, 2*time.Millisecond)
+	var stop atomic.Bool
+	var busy sync.WaitGroup
+	defer busy.Wait()
+	defer stop.Store(true)
+	for range 4 {
+		busy.Go(func() {
+			for x := 0; !stop.Load(); x++ {
+			}
+		})
+	}
+	missed := 0
+	for range 50 {
+		if err := c.SetReadDeadline(time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		done := readAsync(c, make([]byte, 1))
+		time.Sleep(time.Millisecond)
+		if err := c.SetReadDeadline(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if !c.past.Load() {
+			missed++
+		}
+		if r := wait(t, done); !errors.Is(r.err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read = %d, %v; want os.ErrDeadlineExceeded", r.n, r.err)
+		}
+	}
+	if missed > 0 {
+		t.Errorf("%d of 50 deadlines at now did not reach the socket at once", missed)
+	}
+}
