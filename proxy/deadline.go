@@ -77,7 +77,7 @@ func sinceBase() int64 { return int64(time.Since(deadlineBase)) }
 // on the monotonic clock when t has its reading, else on the wall clock from now
 // (time.Unix, t.UTC(), t.Round(0)), so that a step of the wall clock before t was set
 // moves it no more than it moves a socket's (saturated, as time.Time.Sub is).
-func (c *lazyConn) deadlineOf(t time.Time) (d int64, past bool) {
+func deadlineOf(t time.Time) (d int64, past bool) {
 	switch {
 	case t.IsZero():
 		return noDeadline, false
@@ -123,7 +123,7 @@ func (c *lazyConn) SetReadDeadline(t time.Time) error {
 	if c.closed.Load() {
 		return c.Conn.SetReadDeadline(t) // the socket's error: net.ErrClosed
 	}
-	d, past := c.deadlineOf(t)
+	d, past := deadlineOf(t)
 	c.asked.Store(d)
 	if past {
 		return c.setPast(d)
