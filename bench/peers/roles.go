@@ -132,8 +132,8 @@ func (bare503) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 
 // timedServer is a server of h with the client timeouts mdproxy's server has by default
 // (MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT, read from its configuration's
-// defaults), which net/http enforces with a read deadline set on the connection two or
-// three times a request. Of bare503, it is the ceiling of a limit answer for a Go server
+// defaults), which net/http enforces with read deadlines set on the connection several
+// times a request, two of them in the future (a runtime timer each). Of bare503, it is the ceiling of a limit answer for a Go server
 // that bounds slow and idle clients; of a bareResult, that of a store hit.
 func timedServer(h http.Handler) (*http.Server, error) {
 	cfg, err := sidecar.LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:1"})
