@@ -240,7 +240,7 @@ type BridgeReporter interface {
 	// PendingLen is the number of submissions whose result has not arrived.
 	PendingLen() int
 	// Callbacks is the number of callbacks received since the start by outcome, a key
-	// of a small fixed set (the bridge's stored, forged, invalid) each.
+	// of a small fixed set (the bridge's stored, forged, invalid, busy) each.
 	Callbacks() map[string]float64
 }
 
@@ -263,7 +263,7 @@ func RegisterBridge(reg prometheus.Registerer, b BridgeReporter, s StoreReporter
 
 var (
 	bridgeCallbacksDesc = prometheus.NewDesc(Namespace+"_bridge_callbacks_total",
-		"Callbacks received by the bridge's listener, by outcome: stored (a final result on a live secret path), forged (no live secret path: wrong or unknown secret, replay, late), invalid (another method, or a live secret path with a body too large, not JSON, of another data_id or not final).",
+		"Callbacks received by the bridge's listener, by outcome: stored (a final result on a live secret path), forged (no live secret path: wrong or unknown secret, replay, late), invalid (another method, or a live secret path with a body too large, not JSON, of another data_id or not final), busy (503 with Retry-After: the callback bodies being read at once would weigh too much; Core delivers it again).",
 		[]string{"outcome"}, nil)
 	bridgePendingDesc = prometheus.NewDesc(Namespace+"_bridge_pending_ids",
 		"Submissions the bridge waits for: their callback has not arrived and no poll brought their final result, younger than MDPROXY_BRIDGE_PENDING_TTL.",

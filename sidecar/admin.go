@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -104,7 +105,7 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 // write timeout, MDPROXY_BODY_IDLE_TIMEOUT, is refused by pprof itself). Without
 // c.Pprof, /debug/pprof/ answers 404.
 func mountAdminExtras(r chi.Router, c *Config, limits proxy.Limits) {
-	r.Get("/config", func(w http.ResponseWriter, _ *http.Request) {
+	r.HandleFunc("/config", only(func(w http.ResponseWriter, _ *http.Request) {
 		b, err := json.Marshal(settingsOf(c, limits))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -113,14 +114,33 @@ func mountAdminExtras(r chi.Router, c *Config, limits proxy.Limits) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
-	})
+	}, http.MethodGet))
 	if c.Pprof {
 		// GET (and HEAD); /symbol takes POST too, as go tool pprof asks it.
-		r.Get("/debug/pprof/*", pprof.Index) // the index, and each profile by name
-		r.Get("/debug/pprof/cmdline", pprof.Cmdline)
-		r.Get("/debug/pprof/profile", pprof.Profile)
-		r.Get("/debug/pprof/symbol", pprof.Symbol)
-		r.Post("/debug/pprof/symbol", pprof.Symbol)
-		r.Get("/debug/pprof/trace", pprof.Trace)
+		r.HandleFunc("/debug/pprof/*", only(pprof.Index, http.MethodGet)) // the index, and each profile by name
+		r.HandleFunc("/debug/pprof/cmdline", only(pprof.Cmdline, http.MethodGet))
+		r.HandleFunc("/debug/pprof/profile", only(pprof.Profile, http.MethodGet))
+		r.HandleFunc("/debug/pprof/symbol", only(pprof.Symbol, http.MethodGet, http.MethodPost))
+		r.HandleFunc("/debug/pprof/trace", only(pprof.Trace, http.MethodGet))
+	}
+}
+
+// only serves h to the methods given, and to HEAD wherever GET is one of them (RFC
+// 9110, section 9.3.2; net/http sends a HEAD's answer without its body), and answers
+// any other method 405 with one Allow field naming every method served (section
+// 15.5.6), HEAD included: "GET, HEAD" for a page that only reads.
+func only(h http.HandlerFunc, methods ...string) http.HandlerFunc {
+	allowed := slices.Clone(methods)
+	if slices.Contains(allowed, http.MethodGet) && !slices.Contains(allowed, http.MethodHead) {
+		allowed = slices.Insert(allowed, 1+slices.Index(allowed, http.MethodGet), http.MethodHead)
+	}
+	allow := strings.Join(allowed, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(allowed, r.Method) {
+			w.Header().Set("Allow", allow)
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		h(w, r)
 	}
 }

@@ -201,19 +201,31 @@ func TestRunPprof(t *testing.T) {
 		}
 		if tc.value == "true" {
 			// GET and HEAD only (POST to /symbol, as go tool pprof asks it).
-			for _, m := range []struct{ method, path string }{{http.MethodPost, "/debug/pprof/heap"}, {http.MethodDelete, "/debug/pprof/trace"}, {http.MethodPut, "/debug/pprof/cmdline"}} {
+			for _, m := range []struct{ method, path, allow string }{
+				{http.MethodPost, "/debug/pprof/heap", "GET, HEAD"}, {http.MethodDelete, "/debug/pprof/trace", "GET, HEAD"},
+				{http.MethodPut, "/debug/pprof/cmdline", "GET, HEAD"}, {http.MethodDelete, "/debug/pprof/symbol", "GET, HEAD, POST"},
+			} {
 				req, _ := http.NewRequest(m.method, in.adminURL+m.path, nil)
 				resp, err := c.Do(req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
-				if resp.StatusCode != http.StatusMethodNotAllowed {
-					t.Errorf("%s admin %s = %d, want 405", m.method, m.path, resp.StatusCode)
+				if allow := resp.Header.Values("Allow"); resp.StatusCode != http.StatusMethodNotAllowed || len(allow) != 1 || allow[0] != m.allow {
+					t.Errorf("%s admin %s = %d (Allow %q), want 405 with Allow: %s", m.method, m.path, resp.StatusCode, allow, m.allow)
 				}
 			}
-			req, _ := http.NewRequest(http.MethodPost, in.adminURL+"/debug/pprof/symbol", strings.NewReader("0x1"))
+			req, _ := http.NewRequest(http.MethodHead, in.adminURL+"/debug/pprof/heap", nil)
 			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("HEAD admin /debug/pprof/heap = %d, want 200", resp.StatusCode)
+			}
+			req, _ = http.NewRequest(http.MethodPost, in.adminURL+"/debug/pprof/symbol", strings.NewReader("0x1"))
+			resp, err = c.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

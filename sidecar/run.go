@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -335,18 +334,17 @@ func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 // and, with MDPROXY_PPROF, /debug/pprof/.
 func adminHandler(reg *prometheus.Registry, stopping *atomic.Bool, cfg *Config, limits proxy.Limits) http.Handler {
 	r := chi.NewRouter()
-	r.Use(middleware.GetHead) // HEAD wherever GET (RFC 9110, section 9.1)
-	r.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP)
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	r.HandleFunc("/metrics", only(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP, http.MethodGet))
+	r.HandleFunc("/healthz", only(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
-	})
-	r.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	}, http.MethodGet))
+	r.HandleFunc("/readyz", only(func(w http.ResponseWriter, _ *http.Request) {
 		if stopping.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")
-	})
+	}, http.MethodGet))
 	mountAdminExtras(r, cfg, limits) // /config, /debug/pprof/
 	return r
 }
