@@ -2,6 +2,9 @@ package bench
 
 import (
 	"fmt"
+	"image/color"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -11,64 +14,87 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
-	"image/color"
-	"io"
-	"os"
 )
 
 // Chart draws two bar charts, duration (minutes) and fetch error rate (%) per case, ours
-// beside the published value, into path (.png or .svg).
+// beside the published value, into path (.png or .svg). A case without a figure (no
+// published row, as Bridge's; no fetch error rate) has no bar, rather than one of 0.
 func Chart(path string, figs []Figures, pub map[string]Published) error {
 	names := make([]string, len(figs))
-	var durOurs, durPub, errOurs, errPub plotter.Values
+	durOurs, durPub := make([]*float64, len(figs)), make([]*float64, len(figs))
+	errOurs, errPub := make([]*float64, len(figs)), make([]*float64, len(figs))
 	for i, f := range figs {
 		names[i] = f.Case
-		p, _ := publishedFor(pub, f.Case)
-		durOurs = append(durOurs, f.DurationMin)
-		durPub = append(durPub, p.DurationMin)
-		e, pe := 0.0, 0.0
-		if f.FetchErrorRatePct != nil {
-			e = *f.FetchErrorRatePct
+		durOurs[i], errOurs[i] = &f.DurationMin, f.FetchErrorRatePct
+		if p, ok := publishedFor(pub, f.Case); ok {
+			durPub[i], errPub[i] = &p.DurationMin, p.FetchErrorRatePct
 		}
-		if p.FetchErrorRatePct != nil {
-			pe = *p.FetchErrorRatePct
-		}
-		errOurs = append(errOurs, e)
-		errPub = append(errPub, pe)
 	}
-	mk := func(title, ylabel string, ours, theirs plotter.Values) (*plot.Plot, error) {
-		p := plot.New()
-		p.Title.Text = title
-		p.Y.Label.Text = ylabel
-		w := vg.Points(12)
-		b1, err := plotter.NewBarChart(ours, w)
-		if err != nil {
-			return nil, err
-		}
-		b1.Color = color.RGBA{R: 31, G: 119, B: 180, A: 255}
-		b1.Offset = -w / 2
-		b2, err := plotter.NewBarChart(theirs, w)
-		if err != nil {
-			return nil, err
-		}
-		b2.Color = color.RGBA{R: 255, G: 127, B: 14, A: 255}
-		b2.Offset = w / 2
-		p.Add(b1, b2)
-		p.Legend.Add("mdbench", b1)
-		p.Legend.Add("published (Rate-N for Proxy-N)", b2)
-		p.Legend.Top = true
-		p.NominalX(names...)
-		return p, nil
-	}
-	dur, err := mk("Duration per case", "minutes", durOurs, durPub)
+	dur, err := barPlot("Duration per case", "minutes", names, durOurs, durPub)
 	if err != nil {
 		return err
 	}
-	errp, err := mk("Fetch error rate per case", "% of fetches answered 503", errOurs, errPub)
+	errp, err := barPlot("Fetch error rate per case", "% of fetches answered 503", names, errOurs, errPub)
 	if err != nil {
 		return err
 	}
-	return writeStacked(path, vg.Length(80*len(figs)+120), 9*vg.Inch, dur, errp)
+	return writeStacked(path, vg.Length(80*len(names)+120), 9*vg.Inch, dur, errp)
+}
+
+// barPlot returns a bar chart of one figure per case, ours and the published one side by
+// side at each name (nil: no bar). Its Y axis starts at 0 and leaves a fifth of its
+// height above the tallest bar for the legend (1 at least, when every value is 0); its
+// X axis leaves half a slot on either side, so that the outer bars and names are whole.
+func barPlot(title, ylabel string, names []string, ours, theirs []*float64) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = ylabel
+	w := vg.Points(12)
+	top := 0.0
+	for _, s := range []struct {
+		vals   []*float64
+		color  color.Color
+		offset vg.Length
+		legend string
+	}{
+		{ours, color.RGBA{R: 31, G: 119, B: 180, A: 255}, -w / 2, "mdbench"},
+		{theirs, color.RGBA{R: 255, G: 127, B: 14, A: 255}, w / 2, "published (Rate-N for Proxy-N)"},
+	} {
+		bars, err := barsOf(s.vals, w, s.color, s.offset)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", title, err)
+		}
+		for i, b := range bars {
+			p.Add(b)
+			if i == 0 {
+				p.Legend.Add(s.legend, b)
+			}
+			top = max(top, b.Values[0])
+		}
+	}
+	p.Legend.Top = true
+	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
+	p.Y.Min, p.Y.Max = 0, max(top*1.2, 1)
+	return p, nil
+}
+
+// barsOf returns a bar of width w, color c, offset from its slot's centre, for each value
+// that vals has, at its index's slot; none for a nil.
+func barsOf(vals []*float64, w vg.Length, c color.Color, offset vg.Length) ([]*plotter.BarChart, error) {
+	var bars []*plotter.BarChart
+	for i, v := range vals {
+		if v == nil {
+			continue
+		}
+		b, err := plotter.NewBarChart(plotter.Values{*v}, w)
+		if err != nil {
+			return nil, err
+		}
+		b.XMin, b.Color, b.Offset = float64(i), c, offset
+		bars = append(bars, b)
+	}
+	return bars, nil
 }
 
 // CheckChartPath returns an error unless path names a file Chart and SoakChart can

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"image/color"
 	"image/png"
 	"io"
 	"io/fs"
@@ -458,6 +459,52 @@ func TestReport(t *testing.T) {
 // TestLoadPublished checks that a --seed-csv that cannot be read or is not a published
 // table is an error naming the file (and what is wrong), never an empty or partial
 // table, and that empty cells are no figure.
+// TestBarPlot: a chart's bars are only the figures there are (Bridge has no published
+// row: no bar of 0 for it), its Y axis starts at 0 with room above the tallest bar for
+// the legend, 0 to 1 when every figure is 0, and its X axis keeps the outer bars and
+// their names inside the plot.
+func TestBarPlot(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	names := []string{"No-limit", "Webhook", "Bridge"}
+	for _, tc := range []struct {
+		name         string
+		ours, theirs []*float64
+		bars         int
+		ymax         float64
+	}{
+		{"durations", []*float64{f(40), f(27), f(26)}, []*float64{f(45), f(26.9), nil}, 5, 54},
+		{"all zero", []*float64{f(0), f(0), f(0)}, []*float64{f(0), f(0), nil}, 5, 1},
+		{"no figures", []*float64{nil, nil, nil}, []*float64{nil, nil, nil}, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := barPlot("title", "unit", names, tc.ours, tc.theirs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours, _ := barsOf(tc.ours, 1, color.Black, 0)
+			theirs, _ := barsOf(tc.theirs, 1, color.Black, 0)
+			if bars := len(ours) + len(theirs); bars != tc.bars {
+				t.Errorf("%d bars, want %d", bars, tc.bars)
+			}
+			for _, b := range append(ours, theirs...) {
+				if i := int(b.XMin); b.XMin != float64(i) || i < 0 || i >= len(names) || (tc.ours[i] == nil && tc.theirs[i] == nil) {
+					t.Errorf("a bar at %g, want one at the slot of a figure", b.XMin)
+				}
+			}
+			if p.Y.Min != 0 || p.Y.Max != tc.ymax {
+				t.Errorf("Y axis from %g to %g, want 0 to %g", p.Y.Min, p.Y.Max, tc.ymax)
+			}
+			if p.X.Min != -0.5 || p.X.Max != 2.5 {
+				t.Errorf("X axis from %g to %g, want -0.5 to 2.5", p.X.Min, p.X.Max)
+			}
+			path := filepath.Join(t.TempDir(), "c.png")
+			if err := writeStacked(path, 400, 300, p); err != nil {
+				t.Errorf("drawing it: %v", err)
+			}
+		})
+	}
+}
+
 func TestLoadPublished(t *testing.T) {
 	dir := t.TempDir()
 	const header = "case,limit_per_s,duration_min,processed_files_per_hour,fetch_requests_per_s,fetch_error_rate_pct\n"
