@@ -383,7 +383,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, id string, owner brid
 			}
 		}
 	}()
-	rt.proxy.ServeHTTP(buf, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)))
+	rt.proxy.ServeHTTP(buf, r.WithContext(ex.trace(context.WithValue(ctx, exchangeKey{}, ex))))
 	if buf.streaming {
 		f.streamed = true
 		return f

@@ -223,19 +223,35 @@ func (ex *exchange) unbindWrites(cc *clientConn) {
 	}
 }
 
-// trace returns ctx with a ClientTrace that ties Core's connection to ex, so that its
-// closing reaches coreClosed.
+// trace returns ctx with a ClientTrace that ties Core's connection to ex: until
+// answered, its reads wait for the answer's headers (coreConn.answering); and, while
+// the request has a body to send, its closing reaches coreClosed.
 func (ex *exchange) trace(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
 			if c := coreConnOf(info.Conn); c != nil {
+				c.answering.Store(false)
 				ex.mu.Lock()
 				ex.core = c
+				upload := !ex.bodyDone
 				ex.mu.Unlock()
-				c.watch(ex)
+				if upload {
+					c.watch(ex)
+				}
 			}
 		},
 	})
+}
+
+// answered is called once the headers of Core's answer are in: the reads of Core's
+// connection are of its body from now on, each bounded by the body idle timeout.
+func (ex *exchange) answered() {
+	ex.mu.Lock()
+	c := ex.core
+	ex.mu.Unlock()
+	if c != nil {
+		c.answering.Store(true)
+	}
 }
 
 // responseBody wraps Core's response body and records the error that ended it early.

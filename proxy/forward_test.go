@@ -994,32 +994,11 @@ func TestStalledUploadIsClients(t *testing.T) {
 // never a 200 of the proxy's (099 read as a 1xx) nor the status itself, and the code
 // label of the metrics stays a status.
 func TestInvalidStatusFromCore(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				code := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
-				fmt.Fprintf(c, "HTTP/1.1 %s Odd\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", code)
-			})
-		}
+	u := rawCore(t, func(c net.Conn, req *http.Request) {
+		code := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
+		fmt.Fprintf(c, "HTTP/1.1 %s Odd\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", code)
 	})
-	u, _ := url.Parse("http://" + ln.Addr().String())
 	for _, bridged := range []bool{false, true} {
-		_ = u
 		front, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) {
 			o.Upstream = u
 			if bridged {
@@ -1081,5 +1060,73 @@ func TestInterimAnswersCapped(t *testing.T) {
 	}
 	if interim < 1 || interim > maxInterim {
 		t.Errorf("1xx answers relayed = %d of Core's 200, want 1 to %d", interim, maxInterim)
+	}
+}
+
+// TestCoreAnswerWaitIsUpstreamTimeout: with an upstream timeout (ResponseHeaderTimeout)
+// longer than the body idle timeout, Core's answer may take up to the upstream timeout
+// to arrive whole, however its headers come: at once after a pause, after a 103, or a
+// status line in two parts. Until mdproxy knew the headers were in, each read of Core's
+// connection waited the body idle timeout only: the second read of an answer (after a
+// 1xx or a partial line) was cut (504 "made no progress", or 502 "other" for a status
+// line cut in two), and so was a first read that began after the request's write.
+// A body that stalls once the headers are in is still cut after the body idle timeout,
+// not the upstream timeout (issue 9's case 4).
+func TestCoreAnswerWaitIsUpstreamTimeout(t *testing.T) {
+	const idle, wait, late = 300 * time.Millisecond, 20 * time.Second, time.Second
+	const final = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n{\"data_id\":\"x1\"}"
+	core := rawCore(t, func(c net.Conn, req *http.Request) {
+		switch id := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]; id {
+		case "late":
+			time.Sleep(late)
+			_, _ = io.WriteString(c, final)
+		case "hints":
+			_, _ = io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
+			time.Sleep(late)
+			_, _ = io.WriteString(c, final)
+		case "split":
+			_, _ = io.WriteString(c, final[:10])
+			time.Sleep(late)
+			_, _ = io.WriteString(c, final[10:])
+		case "stall":
+			_, _ = io.WriteString(c, final[:len(final)-8])
+			_, _ = c.Read(make([]byte, 1)) // until the proxy gives up and closes
+		}
+	})
+	for _, bridged := range []bool{false, true} {
+		t.Run(map[bool]string{false: "relayed", true: "bridged"}[bridged], func(t *testing.T) {
+			front, reg := newTestProxy(t, http.NotFoundHandler(), func(o *Options) {
+				o.Upstream = core
+				o.Transport = upstreamTransport(t, TransportOptions{ResponseHeaderTimeout: wait, BodyIdleTimeout: idle})
+				o.UpstreamTimeout, o.BodyIdleTimeout = wait, idle
+				if bridged {
+					o.Bridge = newTestBridge(t)
+				}
+			})
+			for _, id := range []string{"late", "hints", "split"} {
+				resp, body := do(t, newClient(t), http.MethodGet, front+"/file/"+id, nil)
+				if resp.StatusCode != http.StatusOK || body != `{"data_id":"x1"}` {
+					t.Errorf("GET /file/%s, Core's answer whole after %v = %d %q, want Core's 200", id, late, resp.StatusCode, body)
+				}
+			}
+			// The stalled body: cut after the body idle timeout, long before the
+			// upstream timeout (the client gives up at half of it).
+			c := &http.Client{Timeout: wait / 2}
+			resp, err := c.Get(front + "/file/stall")
+			if err == nil {
+				body, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if rerr == nil && resp.StatusCode != http.StatusGatewayTimeout {
+					t.Errorf("GET a body Core stalled = %d %q, want it cut or 504", resp.StatusCode, body)
+				}
+				if errors.Is(rerr, context.DeadlineExceeded) || (rerr != nil && strings.Contains(rerr.Error(), "Client.Timeout")) {
+					t.Errorf("GET a body Core stalled: %v; want the proxy to cut it after the body idle timeout", rerr)
+				}
+			} else if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout") {
+				t.Errorf("GET a body Core stalled: %v; want the proxy to cut it after the body idle timeout", err)
+			}
+			mustWaitMetric(t, reg, "mdproxy_body_timeouts_total", map[string]string{"route": "file_result", "peer": "core"}, 1)
+			checkMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result"}, 1)
+		})
 	}
 }

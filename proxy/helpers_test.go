@@ -272,6 +272,37 @@ func upstreamTransport(t testing.TB, o TransportOptions) *http.Transport {
 	return tr
 }
 
+// rawCore starts a stand-in for Core on a loopback port that writes its answers
+// itself, byte by byte as answer writes them on c, to each request it reads (the
+// connection is closed when answer returns), and returns its URL. It stops, its
+// connections' answer calls returned, by t.Cleanup.
+func rawCore(t testing.TB, answer func(c net.Conn, req *http.Request)) *url.URL {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				answer(c, req)
+			})
+		}
+	})
+	return &url.URL{Scheme: "http", Host: ln.Addr().String()}
+}
+
 // closedAddr returns the URL of a loopback port where nothing listens any more.
 func closedAddr(t testing.TB) *url.URL {
 	t.Helper()

@@ -589,11 +589,11 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 	hasBody := r.Body != nil && r.Body != http.NoBody
 	if hasBody {
-		ctx = ex.trace(ctx)
 		defer func() { rt.requestBytes.get().Add(float64(ex.reqBytes.Load())) }()
 	} else {
 		ex.bodyDone = true
 	}
+	ctx = ex.trace(ctx)
 	// The body is wrapped in the copy of r that is forwarded, never in r itself:
 	// net/http reads what r.Body is after the handler, and discards the rest of a body
 	// it does not know (up to 256 KiB, from a client that may have stopped sending)
@@ -913,8 +913,11 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err == nil {
 		t.observe.get().Observe(time.Since(start).Seconds())
 		t.codes.inc("", resp.StatusCode)
-		if ex := exchangeOf(r); ex != nil && resp.Body != nil && resp.Body != http.NoBody {
-			resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
+		if ex := exchangeOf(r); ex != nil {
+			ex.answered()
+			if resp.Body != nil && resp.Body != http.NoBody {
+				resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
+			}
 		}
 	}
 	return resp, err

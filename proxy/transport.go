@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -131,9 +132,18 @@ const earlyAnswerGrace = 2 * time.Second
 type coreConn struct {
 	net.Conn
 	idle    time.Duration // each read and write; 0: none
-	headers time.Duration // the read deadline set by a write: the wait for headers
+	headers time.Duration // the wait for an answer's headers, each read until they are in
 	closed  chan struct{}
 	once    sync.Once
+
+	// answering is set once the headers of Core's answer to the request on the
+	// connection are in (exchange.answered): its reads are then of the body, each bounded
+	// by idle. It is cleared when the connection is given a request (exchange.trace):
+	// until the headers are in, each read waits up to headers, so that Core may take the
+	// upstream timeout to answer whatever the body idle timeout, whether the answer's
+	// headers come in one read or several (after a 1xx, a status line in parts) and
+	// whether the transport's first read starts before the request's write or after.
+	answering atomic.Bool
 
 	mu    sync.Mutex
 	owner *exchange // the request whose upload is on it, told when it closes; nil: none
@@ -141,12 +151,15 @@ type coreConn struct {
 
 func (c *coreConn) Read(p []byte) (int, error) {
 	if c.idle > 0 {
-		bound := c.idle
+		bound := c.headers
+		if c.answering.Load() {
+			bound = c.idle
+		}
 		if c.uploading() {
 			// The transport's read of the answer may start after the upload's first
 			// write (two goroutines): it must not cut Core's wait on a stalled client
 			// sooner than Write's bound, or the client's 408 loses to a 502.
-			bound += c.headers
+			bound = c.idle + c.headers
 		}
 		_ = c.Conn.SetReadDeadline(time.Now().Add(bound))
 	}
