@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -451,5 +452,46 @@ func TestRunTLSToClients(t *testing.T) {
 	}
 	if l := findLog(lines, "certificate renewal rejected, the certificate served is kept"); l == nil || l["variable"] != "MDPROXY_TLS_KEY_FILE" {
 		t.Errorf("logs = %s, want a renewal rejected line naming MDPROXY_TLS_KEY_FILE", in.logs)
+	}
+}
+
+// TestRunTLSHandshakeLogNoAddress: a TLS client that resets its connection in the
+// middle of its ClientHello is logged as a failed handshake whose reason names neither
+// end of the connection (net/http's error for it reads "read tcp proxy->client: ...").
+func TestRunTLSHandshakeLogNoAddress(t *testing.T) {
+	ca := sidecartest.NewCA(t, "test CA")
+	cert := ca.Issue(t, "mdproxy", "127.0.0.1")
+	in := startRun(t, sidecartest.NewUpstream(t).URL, map[string]string{
+		"MDPROXY_TLS_CERT_FILE": cert.CertFile, "MDPROXY_TLS_KEY_FILE": cert.KeyFile,
+	})
+	conn, err := net.Dial("tcp", in.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := conn.LocalAddr().String()
+	// A handshake record announcing 512 bytes, of which a few come.
+	if _, err := conn.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server reads what came, and waits for more
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	conn.Close() // a reset
+	deadline := time.Now().Add(safety)
+	for !strings.Contains(in.logs.String(), "TLS handshake failed") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := in.stop(t); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+	lines := sidecartest.CheckJSONLogs(t, in.logs.String())
+	l := findLog(lines, "TLS handshake failed")
+	if l == nil {
+		t.Fatalf("logs = %s, want a %q line", in.logs, "TLS handshake failed")
+	}
+	if reason, _ := l["reason"].(string); !strings.Contains(reason, "reset") {
+		t.Errorf("handshake line = %v, want its reason to say the connection was reset", l)
+	}
+	if strings.Contains(in.logs.String(), client) || strings.Contains(in.logs.String(), "->") {
+		t.Errorf("logs = %s, want no line naming the client's address %s", in.logs, client)
 	}
 }
