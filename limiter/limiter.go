@@ -30,8 +30,9 @@ import (
 type Limiter interface {
 	// Acquire decides whether a request of client (the per-client key: an apikey or a
 	// client address, never logged) may go on. When no token is free now but one will
-	// be within MaxWait, Acquire blocks until then, or until ctx ends (outcome
-	// Canceled, the token given back). Rejections return at once and consume nothing.
+	// be within MaxWait (or the shorter bound of WithMaxWait in ctx), Acquire blocks
+	// until then, or until ctx ends (outcome Canceled, the token given back).
+	// Rejections return at once and consume nothing.
 	Acquire(ctx context.Context, client string) Decision
 	// Limit returns the configuration in force, Burst filled in. It is the same for
 	// the Limiter's whole life: a new limit comes as a new Limiter (the proxy reads it
@@ -131,6 +132,28 @@ func (l Limit) window() time.Duration {
 		return time.Second
 	}
 	return l.ClientWindow
+}
+
+// maxWaitKey is the context key of WithMaxWait's bound.
+type maxWaitKey struct{}
+
+// WithMaxWait returns ctx bounding how long a request that a Limiter decides under it
+// may wait for its token: d or the Limit's MaxWait, whichever is shorter (d of 0 or
+// less: no wait at all). A request whose token would come later is rejected at once,
+// with the Retry-After of any rejection, and takes nothing. The proxy gives it to a
+// request that asks again, so that MaxWait bounds its wait in all: a poll whose question
+// to Core it shared with another (the bridge) asks for a token itself when that other
+// poll gave up waiting, with what is left of its own MaxWait.
+func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxWaitKey{}, max(d, 0))
+}
+
+// maxWaitOf returns the bound WithMaxWait put in ctx, or the longest Duration when none.
+func maxWaitOf(ctx context.Context) time.Duration {
+	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok {
+		return d
+	}
+	return math.MaxInt64
 }
 
 // Outcome is what a Bucket decided for one request.
@@ -348,7 +371,7 @@ func (b *Bucket) Acquire(ctx context.Context, client string) Decision {
 	}
 	b.mu.Lock()
 	now := b.clock.Now() // read under the lock, so that instants reach the bucket in order
-	d, w := b.reserve(now, client)
+	d, w := b.reserve(ctx, now, client)
 	b.mu.Unlock()
 	if w == nil {
 		return d
@@ -357,14 +380,14 @@ func (b *Bucket) Acquire(ctx context.Context, client string) Decision {
 }
 
 // reserve is the decision for a request of client arriving at now, a function of the
-// bucket's state, now and client alone: Allowed, Rejected or RejectedClient (or, in a
-// dry run, WouldReject), or a waiter holding the request's turn when it must wait for
-// its token. The caller holds b.mu.
-func (b *Bucket) reserve(now time.Time, client string) (Decision, *waiter) {
+// bucket's state, now, client and the wait ctx allows (WithMaxWait) alone: Allowed,
+// Rejected or RejectedClient (or, in a dry run, WouldReject), or a waiter holding the
+// request's turn when it must wait for its token. The caller holds b.mu.
+func (b *Bucket) reserve(ctx context.Context, now time.Time, client string) (Decision, *waiter) {
 	var delay time.Duration
 	if b.global != nil {
 		delay = b.delayAt(now)
-		if delay > b.limit.MaxWait {
+		if delay > b.limit.MaxWait || (delay > 0 && delay > maxWaitOf(ctx)) {
 			return b.refuse(Decision{Outcome: Rejected, RetryAfter: delay}), nil
 		}
 	}

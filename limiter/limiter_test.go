@@ -1076,3 +1076,45 @@ func TestClientRetryAfterExact(t *testing.T) {
 		}
 	}
 }
+
+// TestWithMaxWait: a request decided under WithMaxWait waits for its token only within
+// the shorter of that bound and MaxWait: one whose token is further away is rejected at
+// once, with the time until its token, and takes nothing (the next request waits as
+// long as it would have); one within the bound waits as under MaxWait alone; a free
+// token is taken at once even under a bound of 0.
+func TestWithMaxWait(t *testing.T) {
+	clock := newClock()
+	b := mustBucket(t, limiter.Limit{Rate: 10, Burst: 1, MaxWait: time.Second}, clock)
+	ctx := context.Background()
+	if d := acquireAtOnce(t, clock, 0, b, limiter.WithMaxWait(ctx, 0), "c"); d.Outcome != limiter.Allowed {
+		t.Fatalf("first Acquire(), bound 0, token free = %+v, want allowed", d)
+	}
+	for _, bound := range []time.Duration{0, -time.Second, 50 * time.Millisecond, 99 * time.Millisecond} {
+		d := acquireAtOnce(t, clock, 0, b, limiter.WithMaxWait(ctx, bound), "c")
+		if d.Outcome != limiter.Rejected || d.Waited != 0 || !near(d.RetryAfter, 100*time.Millisecond, time.Microsecond) {
+			t.Errorf("Acquire(), bound %v, token in 100ms = %+v, want rejected at once, RetryAfter 100ms", bound, d)
+		}
+	}
+	// Nothing was taken: the next request's token is still 100 ms away, and a bound
+	// longer than MaxWait leaves MaxWait in force.
+	ch := startAcquire(t, clock, 1, b, limiter.WithMaxWait(ctx, 100*time.Millisecond), "c")
+	clock.Advance(100 * time.Millisecond)
+	if d := result(t, ch); d.Outcome != limiter.Delayed || !near(d.Waited, 100*time.Millisecond, time.Microsecond) {
+		t.Errorf("Acquire(), bound 100ms, token in 100ms = %+v, want delayed 100ms", d)
+	}
+	// A bound beyond MaxWait leaves MaxWait in force: a token 1.1 s away (ten requests
+	// queued) is refused under a bound of an hour.
+	var queued []<-chan limiter.Decision
+	for i := range 10 {
+		queued = append(queued, startAcquire(t, clock, i+1, b, ctx, "c"))
+	}
+	if d := acquireAtOnce(t, clock, 10, b, limiter.WithMaxWait(ctx, time.Hour), "c"); d.Outcome != limiter.Rejected {
+		t.Errorf("Acquire(), bound 1h, MaxWait 1s, token in 1.1s = %+v, want rejected", d)
+	}
+	clock.Advance(time.Second)
+	for _, ch := range queued {
+		if d := result(t, ch); d.Outcome != limiter.Delayed {
+			t.Errorf("a queued request = %+v, want delayed", d)
+		}
+	}
+}

@@ -275,6 +275,11 @@ func (b *RedisBucket) Acquire(ctx context.Context, client string) Decision {
 	if rd.delay <= 0 {
 		return rd.d
 	}
+	if rd.delay > maxWaitOf(ctx) {
+		// Within MaxWait, but not within the wait ctx allows (WithMaxWait).
+		b.giveBack(ctx, client, true)
+		return Decision{Outcome: Rejected, RetryAfter: rd.delay}
+	}
 	start := b.clock.Now()
 	t := b.clock.NewTimer(rd.delay)
 	defer t.Stop()

@@ -290,6 +290,37 @@ func TestRedisWaitOnClock(t *testing.T) {
 	}
 }
 
+// TestRedisWithMaxWait: on Redis as in a local bucket, a request whose token is within
+// MaxWait but beyond the bound of WithMaxWait is rejected at once with the time until
+// its token, and gives its token back: the next request waits no longer than it would
+// have; one within the bound waits.
+func TestRedisWithMaxWait(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := clockwork.NewFakeClockAt(time.Now())
+	limits := map[string]limiter.Limit{"hash_lookup": {Rate: 1, Burst: 1, MaxWait: 10 * time.Second}}
+	r := newReplica(t, srv, limits, limiter.RedisOptions{}, clock)
+	l := r.set.Limiter("hash_lookup")
+	ctx := context.Background()
+	if d := l.Acquire(limiter.WithMaxWait(ctx, 0), ""); d.Outcome != limiter.Allowed {
+		t.Fatalf("first request, bound 0, token free: %+v, want allowed", d)
+	}
+	for range 3 {
+		d := l.Acquire(limiter.WithMaxWait(ctx, 500*time.Millisecond), "")
+		if d.Outcome != limiter.Rejected || d.RetryAfter < 900*time.Millisecond || d.RetryAfter > time.Second {
+			t.Errorf("request, bound 500ms, token in 1s: %+v, want rejected with RetryAfter about 1s", d)
+		}
+	}
+	got := make(chan limiter.Decision, 1)
+	go func() { got <- l.Acquire(limiter.WithMaxWait(ctx, 2*time.Second), "") }()
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > time.Second {
+		t.Errorf("request, bound 2s, after three refused: %+v, want delayed at most 1s (the refused took nothing)", d)
+	}
+}
+
 // TestRedisRejectsBeyondMaxWait checks that a request whose token is further away than
 // MaxWait is rejected at once, with the time until a token is free.
 func TestRedisRejectsBeyondMaxWait(t *testing.T) {

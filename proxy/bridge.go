@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 
@@ -235,9 +236,10 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	// header fields that could change it away from the question.
 	key := r.Method + " " + id + " " + string(owner[:]) + "?" + r.URL.RawQuery
 	var f *fetched
-	held := false // this poll holds f's buffered answer (bufferHold)
+	held := false       // this poll holds f's buffered answer (bufferHold)
+	wait := r.Context() // the wait for a token this poll may have, should it ask Core itself
 	for {
-		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, id, owner), nil })
+		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, wait, id, owner), nil })
 		f = v.(*fetched)
 		if f.leader == rec && f.streamed {
 			// Core's answer went to this client as it came.
@@ -256,6 +258,9 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		if !again || r.Context().Err() != nil {
 			break
 		}
+		// What is left of this poll's MaxWait, not a new one: it may have waited on
+		// the other poll's token for most of it.
+		wait = rt.waitLeft(r.Context(), rec.start)
 	}
 	if held {
 		defer f.hold.release()
@@ -292,6 +297,17 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		delete(h, "Trailer")
 		writeAnswer(rec, r, f.status, nil, f.body)
 	}
+}
+
+// waitLeft returns ctx bounding the wait for a token (limiter.WithMaxWait) to what is
+// left of the route's MaxWait for a request that arrived at start: none when it is
+// spent, the whole of it for one that just came.
+func (rt *route) waitLeft(ctx context.Context, start time.Time) context.Context {
+	held := rt.limiter.Load()
+	if held.l == nil {
+		return ctx
+	}
+	return limiter.WithMaxWait(ctx, held.l.Limit().MaxWait-time.Since(start))
 }
 
 // ownerOf returns the bridge's owner of r: the SHA-256 of its apikey. The last apikey
@@ -338,10 +354,11 @@ type fetched struct {
 // as it comes instead, stored nowhere, so that the polls of large results held by slow
 // clients cannot take the proxy's memory. It follows r's context: the client that asked
 // leaving cancels its wait for a token (its turn given on, issue 9) or its request to
-// Core, and the other polls waiting on it ask again.
-func (rt *route) fetchPoll(rec *recorder, r *http.Request, id string, owner bridge.Owner) (f *fetched) {
+// Core, and the other polls waiting on it ask again. The token is asked for under wait,
+// r's context or one that bounds the wait further (waitLeft).
+func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context, id string, owner bridge.Owner) (f *fetched) {
 	ctx := r.Context()
-	f = &fetched{leader: rec, decision: rt.acquire(ctx, r)}
+	f = &fetched{leader: rec, decision: rt.acquire(wait, r)}
 	if f.decision.Outcome == limiter.Canceled {
 		f.canceled = true
 		return f

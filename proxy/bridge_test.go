@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -575,4 +576,67 @@ func TestBridgedPollCoreBrokeOff(t *testing.T) {
 		t.Errorf("requests_total{code=499} = %v, want 0: the clients did not leave", got)
 	}
 	waitMetric(t, reg, "mdproxy_upstream_errors_total", map[string]string{"route": "file_result", "kind": "reset"}, 1)
+}
+
+// TestBridgeSharedPollWaitsMaxWaitInAll: a poll that shared another's question to Core
+// and asks again when that poll gives up waiting for its token has only what is left
+// of its own MaxWait: before, it joined the queue with a whole new MaxWait and waited
+// up to twice it in all. Here the route takes 10 polls a second, burst 1, MaxWait 2 s;
+// the queue is kept full; poll A waits for a token and leaves after 1 s; poll B, which
+// shared A's question, then finds its token 1.9 s away with 1 s of its wait left, and
+// is refused at once (its wait would have ended 2.9 s after it came).
+func TestBridgeSharedPollWaitsMaxWaitInAll(t *testing.T) {
+	const maxWait = 2 * time.Second
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"data_id":"x","process_info":{"progress_percentage":40}}`)
+	})
+	front, _ := newTestProxy(t, upstream, func(o *Options) {
+		o.Bridge = newTestBridge(t)
+		o.Limits = limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 10, Burst: 1, MaxWait: maxWait}}, nil)
+	})
+	c := keepAliveClient(t, 64)
+	poll := func(ctx context.Context, id, apikey string) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front+"/file/"+id, nil)
+		req.Header.Set("apikey", apikey)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, err
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	queue := func(n int, from int) { // n polls of ids and clients of their own, each in the queue
+		for i := range n {
+			wg.Go(func() { _, _ = poll(context.Background(), fmt.Sprintf("q%d", from+i), fmt.Sprintf("k%d", from+i)) })
+		}
+	}
+	if code, err := poll(context.Background(), "first", "k"); code != http.StatusOK || err != nil {
+		t.Fatalf("first poll = %d, %v; want 200 (the burst's token)", code, err)
+	}
+	queue(10, 0) // turns at 0.1 s to 1 s
+	time.Sleep(50 * time.Millisecond)
+	actx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	wg.Go(func() { _, _ = poll(actx, "same", "owner") }) // A: turn at 1.1 s, leaves at 1 s
+	time.Sleep(50 * time.Millisecond)
+	type answer struct {
+		code int
+		took time.Duration
+		err  error
+	}
+	b := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		code, err := poll(context.Background(), "same", "owner") // B: shares A's question
+		b <- answer{code, time.Since(start), err}
+	}()
+	time.Sleep(800 * time.Millisecond)
+	queue(18, 10) // turns at 1.2 s to 2.9 s: the queue full until A leaves
+	got := <-b
+	if got.err != nil || (got.code != http.StatusOK && got.code != http.StatusServiceUnavailable) || got.took > maxWait+maxWait/4 {
+		t.Errorf("poll B = %d after %v, %v; want its token or the limit answer within MaxWait (%v) of its arrival", got.code, got.took, got.err, maxWait)
+	}
 }
