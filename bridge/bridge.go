@@ -167,6 +167,10 @@ type Bridge struct {
 	lastIssuedSweep time.Time
 
 	stored, forged, invalid, busy atomic.Uint64
+	// drops counts the pending entries dropped (dropLocked), a result's among them once
+	// it is stored: Poll looks in the store again when one was dropped during its own
+	// look-up, which may have missed the result by a moment.
+	drops atomic.Uint64
 	// bodies bounds the callback bodies read at once to maxBody bytes in all: each
 	// callback takes its Content-Length (maxBody when unknown) while it is read.
 	bodies *semaphore.Weighted
@@ -356,6 +360,7 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 
 // dropLocked forgets e. b.mu must be held.
 func (b *Bridge) dropLocked(e *pendingEntry) {
+	b.drops.Add(1)
 	b.forgetLastLocked(e)
 	if e.shared {
 		if b.shared[e.dataID] == e {
@@ -486,6 +491,7 @@ type Answer struct {
 // replica's own submissions are known. When it answers without one of this replica's
 // own pending ids (Redis lost it), the id is recorded there again.
 func (b *Bridge) Poll(dataID string, owner Owner) Answer {
+	drops := b.drops.Load()
 	se := b.store.Lookup(dataID, owner)
 	if se.Revoked {
 		return Answer{Source: Miss} // a session ended: Core decides (403)
@@ -494,6 +500,15 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
 	}
 	a, lost := b.pollLocked(dataID, owner, se)
+	if a.Source == Miss && b.drops.Load() != drops {
+		// A result is stored before its pending entry is dropped (a callback, Observe):
+		// a look-up just before the one and the pending entries just after the other
+		// find neither, and the submitter's poll would go to Core and its limit (503).
+		// A pending entry dropped since the look-up: look again.
+		if se := b.store.Lookup(dataID, owner); se.Stored && !se.Revoked && se.Result.Owner == owner {
+			return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
+		}
+	}
 	if lost != nil {
 		// The shared store answered without this replica's own pending id: Redis lost
 		// it (restarted empty, flushed, or evicted it under maxmemory), and the polls

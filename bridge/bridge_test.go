@@ -1039,3 +1039,56 @@ func TestCallbackContentType(t *testing.T) {
 		}
 	}
 }
+
+// lookupHook is a Store that runs once, after a Lookup was answered, what then happens
+// between it and the rest of a poll.
+type lookupHook struct {
+	Store
+	after func()
+}
+
+func (s *lookupHook) Lookup(dataID string, owner Owner) Entry {
+	e := s.Store.Lookup(dataID, owner)
+	if f := s.after; f != nil {
+		s.after = nil
+		f()
+	}
+	return e
+}
+
+// TestPollRacingTheResult: a result stored between a poll's look-up in the store and
+// its look at the pending ids (a callback, or Core's final answer to another poll) is
+// the poll's answer: before, the poll found neither, went to Core as a miss, and the
+// submitter got the route's limit answer (503) for its own file.
+func TestPollRacingTheResult(t *testing.T) {
+	for _, by := range []string{"callback", "observe"} {
+		t.Run(by, func(t *testing.T) {
+			tb := newTestBridge(t, Options{})
+			hook := &lookupHook{Store: tb.store}
+			b, err := New(Options{CallbackURL: "http://127.0.0.1:9010", Store: hook, Now: tb.clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, secret, err := b.Callback()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Submitted("r1", secret, alice)
+			wantPoll(t, b, "r1", alice, Pending, InProgress("r1"))
+			final := finalResult("r1")
+			hook.after = func() {
+				if by == "observe" {
+					b.Observe("r1", alice, final, "application/json")
+					return
+				}
+				srv := httptest.NewServer(b.Handler())
+				defer srv.Close()
+				if code := post(t, srv, secret, final); code != http.StatusOK {
+					t.Errorf("callback = %d, want 200", code)
+				}
+			}
+			wantPoll(t, b, "r1", alice, Stored, final)
+			wantPoll(t, b, "r1", bob, Miss, nil)
+		})
+	}
+}
