@@ -38,7 +38,7 @@ func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 		nc = tlsConn.NetConn()
 	}
 	if lc, ok := nc.(*lazyConn); ok {
-		nc = lc.tcp // from LazyDeadlines
+		nc = lc.tcp() // from LazyDeadlines
 	}
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {

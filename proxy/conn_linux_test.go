@@ -65,7 +65,7 @@ func userTimeout(t *testing.T, c net.Conn) int {
 // not), in milliseconds.
 func userTimeoutOf(c net.Conn) (int, error) {
 	if lc, ok := c.(*lazyConn); ok {
-		c = lc.tcp
+		c = lc.tcp()
 	}
 	return sockopt(c.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 }

@@ -54,7 +54,7 @@ func (l *lazyListener) Accept() (net.Conn, error) {
 	if !ok {
 		return c, nil
 	}
-	lc := &lazyConn{Conn: tc, tcp: tc, ln: l}
+	lc := &lazyConn{Conn: tc, ln: l}
 	lc.asked.Store(noDeadline)
 	l.conns.add(lc)
 	return lc, nil
@@ -108,13 +108,12 @@ var aLongTimeAgo = time.Unix(1, 0)
 // socket left with a past deadline while a later one is asked for is cleared by the
 // next SetReadDeadline or Read.
 type lazyConn struct {
-	net.Conn
-	tcp    *net.TCPConn // the same connection as Conn
-	ln     *lazyListener
-	asked  atomic.Int64 // deadlineOf the last SetReadDeadline
-	past   atomic.Bool  // the socket's read deadline is in the past (else it has none)
-	closed atomic.Bool  // Close was called
-	mu     sync.Mutex
+	net.Conn // a *net.TCPConn (tcp)
+	ln       *lazyListener
+	asked    atomic.Int64 // deadlineOf the last SetReadDeadline
+	past     atomic.Bool  // the socket's read deadline is in the past (else it has none)
+	closed   atomic.Bool  // Close was called
+	mu       sync.Mutex
 }
 
 // SetReadDeadline records t; a t at or before now also reaches the socket, ending the
@@ -201,8 +200,11 @@ func (c *lazyConn) Close() error {
 
 // CloseWrite shuts down the writing side of the connection, as net.TCPConn's does
 // (net/http uses it to close a connection gracefully).
-func (c *lazyConn) CloseWrite() error { return c.tcp.CloseWrite() }
+func (c *lazyConn) CloseWrite() error { return c.tcp().CloseWrite() }
 
 // ReadFrom writes what r has to the connection, as net.TCPConn's does (with Linux's
 // splice or sendfile where it can).
-func (c *lazyConn) ReadFrom(r io.Reader) (int64, error) { return c.tcp.ReadFrom(r) }
+func (c *lazyConn) ReadFrom(r io.Reader) (int64, error) { return c.tcp().ReadFrom(r) }
+
+// tcp returns the TCP connection under c.
+func (c *lazyConn) tcp() *net.TCPConn { return c.Conn.(*net.TCPConn) }

@@ -57,7 +57,7 @@ func newBatchProxy(t *testing.T, batch int, idle time.Duration) *batchProxy {
 	front.Listener = LazyDeadlines(front.Listener, testResolution) // as the sidecar serves it
 	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		if lc, ok := c.(*lazyConn); ok {
-			c = lc.tcp
+			c = lc.tcp()
 		}
 		if tc, ok := c.(*net.TCPConn); ok {
 			select {
