@@ -83,9 +83,17 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
 	// lines, e.g. a Kubernetes ConfigMap mounted as a file), read at start and again on
-	// SIGHUP and when the file changes; its variables take precedence over the
-	// environment's. Default none: the limits are the environment's until a restart.
+	// SIGHUP and when the file changed and settled (LimitsFileSettle); its variables
+	// take precedence over the environment's. Default none: the limits are the
+	// environment's until a restart.
 	LimitsFile string `env:"LIMITS_FILE"`
+	// LimitsFileSettle is how long the limits file must stay unchanged after a change
+	// before it is put in force: it is read at each change seen and again once this
+	// time passed without another, and applied only when both readings match, so that a
+	// file written in place (truncated, then written in parts) is not put in force
+	// empty or half-written. A SIGHUP reads the file at once. Default 1s; from 10ms to
+	// 1m.
+	LimitsFileSettle time.Duration `env:"LIMITS_FILE_SETTLE" envDefault:"1s"`
 
 	// Limits is each route's limit, from MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT,
 	// _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN; see DefaultLimits.
@@ -95,6 +103,9 @@ type Config struct {
 	trusted  []netip.Prefix
 	level    slog.Level
 	noEffect []string // settings that have no effect, for a warning; see ineffective
+	// limitsRead is the content of the limits file whose limits are Limits; nil without
+	// a file. A reload of the same content changes nothing.
+	limitsRead []byte
 
 	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go and
 	// sidecar/admin.go). File names are read at start; see validateTLS.
@@ -210,12 +221,16 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 		errs.Add(err)
 	}
 	errs.Add(c.validate(environ))
-	limits, noEffect, err := loadLimits(environ, c.LimitsFile)
+	var lf limitsFile
+	if c.LimitsFile != "" {
+		lf = readLimitsFile(c.LimitsFile)
+	}
+	limits, noEffect, err := loadLimits(environ, c.LimitsFile, lf)
 	errs.Add(err)
 	if err := errs.Err(); err != nil {
 		return nil, &ConfigError{err}
 	}
-	c.Limits, c.noEffect = limits, noEffect
+	c.Limits, c.noEffect, c.limitsRead = limits, noEffect, lf.data
 	return &c, nil
 }
 
@@ -235,6 +250,14 @@ const (
 const (
 	maxTimeout = 24 * time.Hour
 	maxTTL     = 365 * 24 * time.Hour
+)
+
+// minSettle and maxSettle bound MDPROXY_LIMITS_FILE_SETTLE: below 10 ms a writer's
+// pause between two writes would hardly ever be covered; beyond a minute an edit would
+// seem not to be taken.
+const (
+	minSettle = 10 * time.Millisecond
+	maxSettle = time.Minute
 )
 
 // maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
@@ -260,6 +283,7 @@ var configWants = map[string]string{
 	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
 	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
+	"LIMITS_FILE_SETTLE":    "want a duration with its unit from 10ms to 1m (e.g. 1s)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -326,6 +350,9 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > maxTimeout {
 		bad("SHUTDOWN_TIMEOUT", configWants["SHUTDOWN_TIMEOUT"])
+	}
+	if c.LimitsFileSettle < minSettle || c.LimitsFileSettle > maxSettle {
+		bad("LIMITS_FILE_SETTLE", configWants["LIMITS_FILE_SETTLE"])
 	}
 	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
 		bad("UPLOAD_READ_BATCH", configWants["UPLOAD_READ_BATCH"])

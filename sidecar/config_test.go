@@ -45,6 +45,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"ShutdownTimeout", c.ShutdownTimeout, 30 * time.Second},
 		{"LogLevel", c.LogLevel, "info"},
 		{"level", c.level, slog.LevelInfo},
+		{"LimitsFileSettle", c.LimitsFileSettle, time.Second},
 		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
 	} {
 		if tc.got != tc.want {
@@ -155,6 +156,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 	for _, v := range []string{"-1s", "x", "30", "25h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_TIMEOUT", v))
 	}
+	for _, v := range []string{"0s", "9ms", "1m0.001s", "-1s", "x", "1"} {
+		cases = append(cases, one("MDPROXY_LIMITS_FILE_SETTLE", v))
+	}
 	for _, v := range []string{"-1s", "-1ns", "x", "5", "99999h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
 	}
@@ -228,6 +232,7 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"MDPROXY_SHUTDOWN_TIMEOUT":      "0s", // 0 cuts in-flight requests at once: allowed
 		"MDPROXY_SHUTDOWN_DELAY":        "0s", // 0 closes the listener at once: allowed
 		"MDPROXY_LOG_LEVEL":             "debug",
+		"MDPROXY_LIMITS_FILE_SETTLE":    "10ms",
 
 		"MDPROXY_FILE_RESULT_RATE":          "0.5",
 		"MDPROXY_FILE_RESULT_BURST":         "3",
@@ -258,6 +263,7 @@ func TestLoadConfigValidValues(t *testing.T) {
 		{"ShutdownTimeout", c.ShutdownTimeout, time.Duration(0)},
 		{"ShutdownDelay", c.ShutdownDelay, time.Duration(0)},
 		{"level", c.level, slog.LevelDebug},
+		{"LimitsFileSettle", c.LimitsFileSettle, 10 * time.Millisecond},
 		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
 	} {
 		if tc.got != tc.want {
