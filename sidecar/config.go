@@ -113,8 +113,9 @@ type Config struct {
 	// TLSCertFile is the PEM certificate (chain, leaf first) that the proxy listener
 	// serves HTTPS with, and TLSKeyFile its PEM private key. Both or neither; neither
 	// (the default) serves plain HTTP. Both files are read again when they changed (a
-	// renewed Secret), at most every few seconds, on a new connection; a renewal that
-	// does not load keeps the certificate served and is logged.
+	// renewed Secret), at most every few seconds, on a new connection, and taken once
+	// two such checks read them alike; a renewal that does not load keeps the
+	// certificate served and is logged.
 	TLSCertFile string `env:"TLS_CERT_FILE"`
 	TLSKeyFile  string `env:"TLS_KEY_FILE"`
 	// UpstreamCAFile is a PEM bundle of the CA certificates that an https upstream's
