@@ -64,8 +64,10 @@ type Options struct {
 	// LimitStatus is the status of a rejected request: 503 (zero value), as Core itself
 	// answers when busy, or 429 (RFC 6585).
 	LimitStatus int
-	// TrustedProxies are the peers whose X-Forwarded-For is believed when keying
-	// per-client shares. Empty: the TCP peer is always the client.
+	// TrustedProxies are the peers whose X-Forwarded-For (or X-Real-IP) is believed
+	// when keying per-client shares, and whose forwarding fields (X-Forwarded-Proto,
+	// -Host, Forwarded...) reach Core as sent (see setForwarded). Empty: the TCP peer
+	// is always the client, and Core is told mdproxy's own view of it.
 	TrustedProxies []netip.Prefix
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
@@ -306,12 +308,9 @@ func newRoute(name string, opts Options) *route {
 		// the rewrite, not before it (golang/go#53002).
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream) // keeps the client's path spelling and encoding
-			// A trusted load balancer's X-Forwarded-For chain is kept and extended; an
-			// untrusted peer's is dropped, so Core sees no forged client address.
-			if isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
-				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-			}
-			pr.SetXForwarded()
+			// A trusted load balancer's view of the client is kept; an untrusted
+			// peer's claims are dropped, so Core sees no forged address or scheme.
+			setForwarded(pr, trusted)
 			// Core's API has no protocol upgrade: a tunnel would carry requests past
 			// the limiter and the metrics. The request goes on as a plain one, and a
 			// 101 from Core fails as a protocol the client did not ask for (502).
@@ -324,20 +323,11 @@ func newRoute(name string, opts Options) *route {
 			if !pr.In.ProtoAtLeast(1, 1) {
 				delete(pr.Out.Header, "Expect")
 			}
-			// An untrusted peer's X-Real-IP is no more believed than its
-			// X-Forwarded-For (clientAddr does not read it either): Core sees no forged
-			// address.
-			if pr.Out.Header["X-Real-Ip"] != nil && !isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
-				delete(pr.Out.Header, "X-Real-Ip")
-			}
 			// The route and the limit were decided on the request line: header
 			// fields with which some servers take another path or method do not
 			// reach Core.
 			for _, k := range overrideFields {
 				delete(pr.Out.Header, k)
-			}
-			if pr.Out.Header["X-Forwarded-Host"] != nil && pr.In.Host == "" {
-				delete(pr.Out.Header, "X-Forwarded-Host") // an HTTP/1.0 request without Host
 			}
 			if ex := exchangeOf(pr.In); rt.readsAnswer && (!rt.polled || (ex != nil && ex.shared)) {
 				askWholeAnswer(pr.Out.Header)

@@ -36,7 +36,9 @@ type Config struct {
 	// which clients already handle) or 429. Default 503.
 	LimitStatus int `env:"LIMIT_STATUS" envDefault:"503"`
 	// TrustedProxies are the CIDRs (or single addresses) of load balancers whose
-	// X-Forwarded-For is believed for per-client keys. Default none.
+	// X-Forwarded-For (or X-Real-IP) is believed for per-client keys, and whose
+	// X-Forwarded-Proto, -Host, -Port, Forwarded and the like reach Core as sent.
+	// Default none.
 	TrustedProxies []string `env:"TRUSTED_PROXIES" envSeparator:","`
 	// UpstreamTimeout bounds the wait for Core's response headers once the request is
 	// sent; then 504. Default 60s.
