@@ -69,6 +69,14 @@ type Options struct {
 	// -Host, Forwarded...) reach Core as sent (see setForwarded). Empty: the TCP peer
 	// is always the client, and Core is told mdproxy's own view of it.
 	TrustedProxies []netip.Prefix
+	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
+	// are grouped into one key of a per-client share: a host given a /64 takes any
+	// address in it at will. Zero means 64; otherwise 1 to 128 (128: each address its
+	// own key).
+	ClientIPv6Prefix int
+	// ClientIPv4Prefix is the same for IPv4 client addresses, IPv4-mapped IPv6 ones
+	// included. Zero means 32 (each address its own key); otherwise 1 to 32.
+	ClientIPv4Prefix int
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
 	// Bridge, when not nil, takes Core's callback for each POST /file that brings no
@@ -155,7 +163,7 @@ type route struct {
 	limitBurst      *lazy[prometheus.Gauge]
 	limitMaxWait    *lazy[prometheus.Gauge]
 	limitStatus     int
-	trusted         []netip.Prefix
+	clientKeys      clientKeys
 	upstreamTimeout time.Duration
 	bodyIdle        time.Duration // 0: off
 	readBatch       int           // Options.UploadReadBatch; 0: off
@@ -172,8 +180,8 @@ type route struct {
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing,
-// LimitStatus is neither 0, 429 nor 503, UploadReadBatch is neither 0 nor at least
-// 65536, or PollBufferBytes is negative.
+// LimitStatus is neither 0, 429 nor 503, a client prefix is out of its range,
+// UploadReadBatch is neither 0 nor at least 65536, or PollBufferBytes is negative.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -196,6 +204,16 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.Limits == nil {
 		opts.Limits = (*limiter.Set)(nil)
+	}
+	if opts.ClientIPv6Prefix == 0 {
+		opts.ClientIPv6Prefix = 64
+	}
+	if opts.ClientIPv4Prefix == 0 {
+		opts.ClientIPv4Prefix = 32
+	}
+	if opts.ClientIPv6Prefix < 1 || opts.ClientIPv6Prefix > 128 || opts.ClientIPv4Prefix < 1 || opts.ClientIPv4Prefix > 32 {
+		return nil, fmt.Errorf("proxy: client prefixes /%d (IPv4) and /%d (IPv6): want 1 to 32 and 1 to 128",
+			opts.ClientIPv4Prefix, opts.ClientIPv6Prefix)
 	}
 	if opts.UploadReadBatch != 0 && opts.UploadReadBatch < readBatchMin {
 		return nil, fmt.Errorf("proxy: upload read batch of %d bytes: want 0 or at least %d", opts.UploadReadBatch, readBatchMin)
@@ -283,7 +301,7 @@ func newRoute(name string, opts Options) *route {
 		limitBurst:       newLazy(func() prometheus.Gauge { return m.LimitBurst.WithLabelValues(name) }),
 		limitMaxWait:     newLazy(func() prometheus.Gauge { return m.LimitMaxWait.WithLabelValues(name) }),
 		limitStatus:      opts.LimitStatus,
-		trusted:          opts.TrustedProxies,
+		clientKeys:       clientKeys{trusted: opts.TrustedProxies, ipv4: opts.ClientIPv4Prefix, ipv6: opts.ClientIPv6Prefix},
 		upstreamTimeout:  opts.UpstreamTimeout,
 		bodyIdle:         opts.BodyIdleTimeout,
 		readBatch:        opts.UploadReadBatch,
@@ -609,7 +627,7 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 	}
 	var client string
 	if held.perClient {
-		client = clientKey(r, rt.trusted)
+		client = rt.clientKeys.key(r)
 	}
 	d := held.l.Acquire(ctx, client)
 	if d.Outcome < 0 || int(d.Outcome) >= limiter.Outcomes {

@@ -81,6 +81,14 @@ type Config struct {
 	// the per-client check (the route's bucket still applies), counted and logged.
 	// Default 100000; must be above 0.
 	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
+	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
+	// (the peer's, or a trusted proxy's X-Forwarded-For or X-Real-IP) are grouped into
+	// one key of a per-client share: a host given a /64 takes any address in it at
+	// will. Default 64; from 1 to 128 (128: each address its own key).
+	ClientIPv6Prefix int `env:"CLIENT_IPV6_PREFIX" envDefault:"64"`
+	// ClientIPv4Prefix is the same for IPv4 addresses, IPv4-mapped IPv6 ones included.
+	// Default 32 (each address its own key); from 1 to 32.
+	ClientIPv4Prefix int `env:"CLIENT_IPV4_PREFIX" envDefault:"32"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
@@ -287,6 +295,8 @@ var configWants = map[string]string{
 	"REDIS_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
 	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
 	"LIMITS_FILE_SETTLE":    "want a duration with its unit from 10ms to 1m (e.g. 1s)",
+	"CLIENT_IPV6_PREFIX":    "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
+	"CLIENT_IPV4_PREFIX":    "want a prefix length in bits from 1 to 32 (e.g. 32: each address its own key)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -362,6 +372,12 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.ClientKeysMax < 1 || c.ClientKeysMax > maxClientKeys {
 		bad("CLIENT_KEYS_MAX", configWants["CLIENT_KEYS_MAX"])
+	}
+	if c.ClientIPv6Prefix < 1 || c.ClientIPv6Prefix > 128 {
+		bad("CLIENT_IPV6_PREFIX", configWants["CLIENT_IPV6_PREFIX"])
+	}
+	if c.ClientIPv4Prefix < 1 || c.ClientIPv4Prefix > 32 {
+		bad("CLIENT_IPV4_PREFIX", configWants["CLIENT_IPV4_PREFIX"])
 	}
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("LOG_LEVEL", "want debug, info, warn or error")

@@ -46,6 +46,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"LogLevel", c.LogLevel, "info"},
 		{"level", c.level, slog.LevelInfo},
 		{"LimitsFileSettle", c.LimitsFileSettle, time.Second},
+		{"ClientIPv6Prefix", c.ClientIPv6Prefix, 64},
+		{"ClientIPv4Prefix", c.ClientIPv4Prefix, 32},
 		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
 	} {
 		if tc.got != tc.want {
@@ -159,6 +161,12 @@ func TestLoadConfigBadValue(t *testing.T) {
 	for _, v := range []string{"0s", "9ms", "1m0.001s", "-1s", "x", "1"} {
 		cases = append(cases, one("MDPROXY_LIMITS_FILE_SETTLE", v))
 	}
+	for _, v := range []string{"0", "129", "-64", "/64", "64.5", "x"} {
+		cases = append(cases, one("MDPROXY_CLIENT_IPV6_PREFIX", v))
+	}
+	for _, v := range []string{"0", "33", "-1", "/24", "x"} {
+		cases = append(cases, one("MDPROXY_CLIENT_IPV4_PREFIX", v))
+	}
 	for _, v := range []string{"-1s", "-1ns", "x", "5", "99999h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
 	}
@@ -233,6 +241,8 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"MDPROXY_SHUTDOWN_DELAY":        "0s", // 0 closes the listener at once: allowed
 		"MDPROXY_LOG_LEVEL":             "debug",
 		"MDPROXY_LIMITS_FILE_SETTLE":    "10ms",
+		"MDPROXY_CLIENT_IPV6_PREFIX":    "128",
+		"MDPROXY_CLIENT_IPV4_PREFIX":    "24",
 
 		"MDPROXY_FILE_RESULT_RATE":          "0.5",
 		"MDPROXY_FILE_RESULT_BURST":         "3",
@@ -264,6 +274,8 @@ func TestLoadConfigValidValues(t *testing.T) {
 		{"ShutdownDelay", c.ShutdownDelay, time.Duration(0)},
 		{"level", c.level, slog.LevelDebug},
 		{"LimitsFileSettle", c.LimitsFileSettle, 10 * time.Millisecond},
+		{"ClientIPv6Prefix", c.ClientIPv6Prefix, 128},
+		{"ClientIPv4Prefix", c.ClientIPv4Prefix, 24},
 		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
 	} {
 		if tc.got != tc.want {

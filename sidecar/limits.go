@@ -101,7 +101,7 @@ func parseLimitsFile(path string, f limitsFile) (vars map[string]string, err err
 // from f, the limits file read from file, whose variables take precedence over environ's: a route limit
 // variable that the file sets (empty: the default) is taken from it, one it does not
 // set from environ, else from DefaultLimits. It also returns the route limit variables
-// and MDPROXY_CLIENT_KEYS_MAX that are set but have no effect (see ineffective).
+// and the per-client settings that are set but have no effect (see ineffective).
 //
 // The error, an envconf.Errors, names every bad variable, those set in the file
 // prefixed by "limits file PATH: ", or the file when it cannot be read or parsed.
@@ -138,8 +138,9 @@ func loadLimits(environ map[string]string, file string, f limitsFile) (limits ma
 // ineffective returns, in route and setting order, each variable set (not empty) in
 // environ that changes nothing given limits, with why: a route's _BURST or _MAX_WAIT
 // without a rate (they shape the route's token bucket, which it then has not), its
-// _CLIENT_WINDOW without a _CLIENT_LIMIT, and MDPROXY_CLIENT_KEYS_MAX when no route has
-// a per-client share. E.g. "MDPROXY_STAT_BURST (MDPROXY_STAT_RATE is 0: no bucket)".
+// _CLIENT_WINDOW without a _CLIENT_LIMIT, and MDPROXY_CLIENT_KEYS_MAX,
+// MDPROXY_CLIENT_IPV6_PREFIX and MDPROXY_CLIENT_IPV4_PREFIX when no route has a
+// per-client share. E.g. "MDPROXY_STAT_BURST (MDPROXY_STAT_RATE is 0: no bucket)".
 func ineffective(environ map[string]string, limits map[string]limiter.Limit) []string {
 	var out []string
 	set := func(name string) bool { return environ[name] != "" }
@@ -162,8 +163,10 @@ func ineffective(environ map[string]string, limits map[string]limiter.Limit) []s
 			out = append(out, fmt.Sprintf("%s (the route has no limit to try)", v("DRY_RUN")))
 		}
 	}
-	if name := EnvPrefix + "CLIENT_KEYS_MAX"; !shared && set(name) {
-		out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+	for _, s := range []string{"CLIENT_KEYS_MAX", "CLIENT_IPV6_PREFIX", "CLIENT_IPV4_PREFIX"} {
+		if name := EnvPrefix + s; !shared && set(name) {
+			out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+		}
 	}
 	// Replicas that were meant to share a Redis but were not given one each let the
 	// full rate through: say so.

@@ -121,17 +121,19 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		pb = br.b
 	}
 	h, err := proxy.New(proxy.Options{
-		Bridge:          pb,
-		Upstream:        cfg.upstream,
-		Transport:       tr,
-		Limits:          limits,
-		Metrics:         m,
-		LimitStatus:     cfg.LimitStatus,
-		TrustedProxies:  cfg.trusted,
-		UpstreamTimeout: topts.ResponseHeaderTimeout,
-		BodyIdleTimeout: topts.BodyIdleTimeout,
-		UploadReadBatch: cfg.UploadReadBatch,
-		Logger:          log,
+		Bridge:           pb,
+		Upstream:         cfg.upstream,
+		Transport:        tr,
+		Limits:           limits,
+		Metrics:          m,
+		LimitStatus:      cfg.LimitStatus,
+		TrustedProxies:   cfg.trusted,
+		ClientIPv6Prefix: cfg.ClientIPv6Prefix,
+		ClientIPv4Prefix: cfg.ClientIPv4Prefix,
+		UpstreamTimeout:  topts.ResponseHeaderTimeout,
+		BodyIdleTimeout:  topts.BodyIdleTimeout,
+		UploadReadBatch:  cfg.UploadReadBatch,
+		Logger:           log,
 	})
 	if err != nil {
 		return err
