@@ -344,6 +344,11 @@ func (c *Config) validate(environ map[string]string) error {
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
+		// A peer's IPv4-mapped IPv6 address is read as IPv4 (proxy.parseAddr): so is
+		// a trusted prefix written so, or it would never match.
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
 		c.trusted = append(c.trusted, p.Masked())
 	}
 	for _, t := range []struct {

@@ -341,6 +341,10 @@ func TestLoadConfigTrustedProxies(t *testing.T) {
 		}},
 		{"10.1.2.3/8", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
 		{" , 2001:db8::/32 ,", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}},
+		// IPv4-mapped, as peers' addresses are read: IPv4.
+		{"::ffff:10.0.0.0/104, ::ffff:192.0.2.7", []netip.Prefix{
+			netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32"),
+		}},
 	} {
 		env := map[string]string{"MDPROXY_TRUSTED_PROXIES": tc.value}
 		c, err := LoadConfig(env)
