@@ -228,29 +228,37 @@ func watchConfig(t *testing.T, p *proc) *configWatch {
 			case <-w.done:
 				return
 			default:
+				w.poll(c, p)
 			}
-			var cfg struct {
-				Routes map[string]struct {
-					Rate  float64 `json:"rate_per_s"`
-					Burst int     `json:"burst"`
-				} `json:"routes"`
-			}
-			resp, err := c.Get(p.adminURL + "/config")
-			if err == nil {
-				err = json.NewDecoder(resp.Body).Decode(&cfg)
-				resp.Body.Close()
-			}
-			w.mu.Lock()
-			if err != nil {
-				w.errs = append(w.errs, err)
-			} else if l := fmt.Sprintf("%g/%d", cfg.Routes["file_result"].Rate, cfg.Routes["file_result"].Burst); len(w.seen) == 0 || w.seen[len(w.seen)-1] != l {
-				w.seen = append(w.seen, l)
-			}
-			w.mu.Unlock()
 		}
 	}()
 	t.Cleanup(w.stop)
 	return w
+}
+
+// poll reads /config once and records what it shows.
+func (w *configWatch) poll(c *http.Client, p *proc) {
+	var cfg struct {
+		Routes map[string]struct {
+			Rate  float64 `json:"rate_per_s"`
+			Burst int     `json:"burst"`
+		} `json:"routes"`
+	}
+	resp, err := c.Get(p.adminURL + "/config")
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&cfg)
+		resp.Body.Close()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.errs = append(w.errs, err)
+		return
+	}
+	l := fmt.Sprintf("%g/%d", cfg.Routes["file_result"].Rate, cfg.Routes["file_result"].Burst)
+	if len(w.seen) == 0 || w.seen[len(w.seen)-1] != l {
+		w.seen = append(w.seen, l)
+	}
 }
 
 // stop ends the polling and waits for it.
@@ -259,11 +267,13 @@ func (w *configWatch) stop() {
 	<-w.finished
 }
 
-// check stops the polling and checks that the limits /config showed were want, in
-// order, and that it answered every time.
-func (w *configWatch) check(t *testing.T, when string, want ...string) {
+// check stops the polling, reads /config once more (what is in force now: the last
+// poll may have begun before it), and checks that the limits /config showed were want,
+// in order, and that it answered every time.
+func (w *configWatch) check(t *testing.T, p *proc, when string, want ...string) {
 	t.Helper()
 	w.stop()
+	w.poll(sidecartest.NewClient(t), p)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.errs) > 0 {
@@ -341,7 +351,7 @@ func TestLimitsFileWrittenInPlace(t *testing.T) {
 		writeInPlace(t, path, trialFirst, trialRest, pause)
 		readings++
 		waitLines(settled, readings)
-		w.check(t, fmt.Sprintf("the same file rewritten in place, pauses of %v", pause), "100/100")
+		w.check(t, p, fmt.Sprintf("the same file rewritten in place, pauses of %v", pause), "100/100")
 		for series, want := range map[string]float64{success: 0, failed: 0} {
 			if got := p.metric(t, series); got != want {
 				t.Errorf("pauses of %v: %s = %v, want %v", pause, series, got, want)
@@ -354,7 +364,7 @@ func TestLimitsFileWrittenInPlace(t *testing.T) {
 	writeInPlace(t, path, rateSlow, burst5, 400*time.Millisecond)
 	readings++
 	waitLines(settled, readings)
-	w.check(t, "a new file written in place, pauses of 400ms", "100/100", "0.001/5")
+	w.check(t, p, "a new file written in place, pauses of 400ms", "100/100", "0.001/5")
 	if got := p.metric(t, success); got != 1 {
 		t.Errorf("after a new file: %s = %v, want 1", success, got)
 	}
@@ -373,7 +383,7 @@ func TestLimitsFileWrittenInPlace(t *testing.T) {
 	writeInPlace(t, path, rateSlow, burst5, 400*time.Millisecond)
 	readings++
 	waitLines(settled, readings)
-	w.check(t, "the same file written in place again", "0.001/5")
+	w.check(t, p, "the same file written in place again", "0.001/5")
 	// A new, full bucket would let the next poll through.
 	if code, _ := sidecartest.Get(t, c, p.proxyURL+"/file/x"); code != http.StatusServiceUnavailable {
 		t.Errorf("poll after the same file was written again = %d, want 503: the bucket kept, still empty", code)
