@@ -92,12 +92,12 @@ const (
 
 // start reloads the limits on each signal of sigs (nil: none), at once, and, when there
 // is a limits file, once the file has settled (see fileSettle) after it, or the ..data
-// symlink of a ConfigMap beside it, changed: it watches the file's directory (fsnotify), since an editor or
-// Kubernetes replaces the file rather than write into it, and, when the file is a
-// symlink to a file of another directory, that directory too (see fileWatch). A
-// directory that cannot be watched at start is logged, and only signals reload then.
-// start returns stop, which ends the watching and waits for it: no goroutine is left
-// once stop returned.
+// symlink of a ConfigMap beside it, changed: it watches the file's directory
+// (fsnotify), since an editor or Kubernetes replaces the file rather than write into
+// it, and, when the file is a symlink to a file of another directory, that directory
+// too (see fileWatch). A directory that cannot be watched at start is logged, and only
+// signals reload then. start returns stop, which ends the watching and waits for it:
+// no goroutine is left once stop returned.
 func (r *limitsReloader) start(sigs <-chan os.Signal) (stop func()) {
 	var fw *fileWatch
 	var syncErr error // a directory of the file, other than its own, not watched
