@@ -6,14 +6,44 @@ import (
 	"strings"
 )
 
-// clientKey returns the key of r's per-client share: "apikey:" and the apikey header
-// when r has one (Core's session and API keys), else "addr:" and clientAddr. The key is
-// handed to the limiter only; it is never logged nor a metric label.
-func clientKey(r *http.Request, trusted []netip.Prefix) string {
-	if k := apikeyOf(r); k != "" {
-		return "apikey:" + k
+// clientKeys makes the keys of per-client shares (see key), from the trusted proxies
+// and the prefix lengths by which client addresses are grouped.
+type clientKeys struct {
+	trusted []netip.Prefix
+	// ipv4 and ipv6 are the prefix lengths, in bits, of the groups of IPv4 addresses
+	// (1 to 32) and IPv6 ones (1 to 128): Options.ClientIPv4Prefix and
+	// ClientIPv6Prefix with their defaults applied.
+	ipv4, ipv6 int
+}
+
+// key returns the key of r's per-client share: "apikey:" and the apikey header when r
+// has one (Core's session and API keys), else "addr:" and the group of clientAddr's
+// address (see group). The key is handed to the limiter only; it is never logged nor
+// a metric label.
+func (k clientKeys) key(r *http.Request) string {
+	if a := apikeyOf(r); a != "" {
+		return "apikey:" + a
 	}
-	return "addr:" + clientAddr(r, trusted).String()
+	return "addr:" + k.group(clientAddr(r, k.trusted))
+}
+
+// group returns the group of the client address a: the address itself when its prefix
+// length is the address's full length ("192.0.2.7", "2001:db8::1"; a peer's zone
+// kept, "fe80::1%eth0"), else its prefix ("2001:db8:1:2::/64", "192.0.2.0/24"). A host given an IPv6 /64
+// takes any address in it at will (RFC 8981's temporary addresses; RFC 4291, section
+// 2.5.1: interface identifiers are 64 bits), so that one client counts as one only
+// grouped so. An IPv4-mapped IPv6 address was made IPv4 by parseAddr already. The zero
+// Addr gives "invalid IP", as its String.
+func (k clientKeys) group(a netip.Addr) string {
+	bits := k.ipv6
+	if a.Is4() {
+		bits = k.ipv4
+	}
+	if !a.IsValid() || bits >= a.BitLen() {
+		return a.String()
+	}
+	p, _ := a.Prefix(bits) // bits is within 0 and a's length: no error
+	return p.String()
 }
 
 // clientAddr returns the address of r's client: the TCP peer, unless the peer is in

@@ -1,9 +1,15 @@
 package proxy
 
 import (
+	"cmp"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mdproxy/mdproxy/metrics"
 )
 
 // TestClientAddr checks which address keys a request's per-client share.
@@ -62,18 +68,42 @@ func TestClientAddr(t *testing.T) {
 	}
 }
 
-// TestClientKey checks the per-client key: apikey first, else the client address.
+// TestClientKey checks the per-client key: apikey first, else the client address,
+// IPv6 ones grouped by their /64 (the default) or the prefix set, IPv4 ones by /32 (the
+// default) or the prefix set, IPv4-mapped IPv6 ones as IPv4, from the peer or from a
+// trusted proxy's X-Forwarded-For or X-Real-IP alike.
 func TestClientKey(t *testing.T) {
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
 	tests := []struct {
-		peer, apikey, xff, want string
+		peer, apikey, xff, realIP string
+		ipv4, ipv6                int // 0: the defaults, 32 and 64
+		want                      string
 	}{
-		{"1.2.3.4:5", "secret", "", "apikey:secret"},
-		{"10.0.0.1:5", "secret", "9.9.9.9", "apikey:secret"},
-		{"1.2.3.4:5", "", "", "addr:1.2.3.4"},
-		{"1.2.3.4:6", "", "9.9.9.9", "addr:1.2.3.4"},
-		{"10.0.0.1:5", "", "9.9.9.9", "addr:9.9.9.9"},
-		{"[2001:db8::1]:5", "", "", "addr:2001:db8::1"},
+		{peer: "1.2.3.4:5", apikey: "secret", want: "apikey:secret"},
+		{peer: "10.0.0.1:5", apikey: "secret", xff: "9.9.9.9", want: "apikey:secret"},
+		{peer: "[2001:db8:1:2::1]:5", apikey: "secret", want: "apikey:secret"},
+		{peer: "1.2.3.4:5", want: "addr:1.2.3.4"},
+		{peer: "1.2.3.4:6", xff: "9.9.9.9", want: "addr:1.2.3.4"},
+		{peer: "10.0.0.1:5", xff: "9.9.9.9", want: "addr:9.9.9.9"},
+		{peer: "[2001:db8:1:2::1]:5", want: "addr:2001:db8:1:2::/64"},
+		{peer: "[2001:db8:1:2:aaaa:bbbb:cccc:dddd]:5", want: "addr:2001:db8:1:2::/64"},
+		{peer: "[2001:db8:1:3::1]:5", want: "addr:2001:db8:1:3::/64"},
+		{peer: "[2001:db8:1:2::1]:5", ipv6: 128, want: "addr:2001:db8:1:2::1"},
+		{peer: "[2001:db8:1:2::1]:5", ipv6: 48, want: "addr:2001:db8:1::/48"},
+		{peer: "[2001:db8:1:2::1]:5", ipv6: 1, want: "addr:::/1"},
+		{peer: "[fe80::1%eth0]:5", ipv6: 128, want: "addr:fe80::1%eth0"},
+		{peer: "[fe80::1%eth0]:5", want: "addr:fe80::/64"},
+		{peer: "[::ffff:192.0.2.7]:5", want: "addr:192.0.2.7"},
+		{peer: "[::ffff:192.0.2.7]:5", ipv4: 24, want: "addr:192.0.2.0/24"},
+		{peer: "192.0.2.7:5", ipv4: 24, want: "addr:192.0.2.0/24"},
+		{peer: "192.0.2.7:5", ipv4: 1, want: "addr:128.0.0.0/1"},
+		{peer: "[fd00::1]:5", xff: "2001:db8:1:2::8", want: "addr:2001:db8:1:2::/64"},
+		{peer: "[fd00::1]:5", xff: "2001:db8:1:2::8, fd00::2", want: "addr:2001:db8:1:2::/64"},
+		{peer: "10.0.0.1:5", xff: "[2001:db8:1:2::7]:443", want: "addr:2001:db8:1:2::/64"},
+		{peer: "10.0.0.1:5", xff: "::ffff:203.0.113.9", want: "addr:203.0.113.9"},
+		{peer: "10.0.0.1:5", realIP: "2001:db8:1:2::5", want: "addr:2001:db8:1:2::/64"},
+		{peer: "10.0.0.1:5", xff: "203.0.113.9", ipv4: 16, want: "addr:203.0.0.0/16"},
+		{peer: "[2001:db8:9:9::1]:5", xff: "2001:db8:1:2::8", want: "addr:2001:db8:9:9::/64"}, // untrusted peer
 	}
 	for _, tt := range tests {
 		r := &http.Request{RemoteAddr: tt.peer, Header: http.Header{}}
@@ -83,8 +113,31 @@ func TestClientKey(t *testing.T) {
 		if tt.xff != "" {
 			r.Header.Set("X-Forwarded-For", tt.xff)
 		}
-		if got := clientKey(r, trusted); got != tt.want {
-			t.Errorf("clientKey(peer %s, apikey %q, XFF %q) = %q, want %q", tt.peer, tt.apikey, tt.xff, got, tt.want)
+		if tt.realIP != "" {
+			r.Header.Set("X-Real-IP", tt.realIP)
+		}
+		k := clientKeys{trusted: trusted, ipv4: cmp.Or(tt.ipv4, 32), ipv6: cmp.Or(tt.ipv6, 64)}
+		if got := k.key(r); got != tt.want {
+			t.Errorf("key(peer %s, apikey %q, XFF %q, X-Real-IP %q; /%d, /%d) = %q, want %q",
+				tt.peer, tt.apikey, tt.xff, tt.realIP, k.ipv4, k.ipv6, got, tt.want)
+		}
+	}
+}
+
+// TestNewClientPrefixes checks the range New takes of the client prefixes.
+func TestNewClientPrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		ipv4, ipv6 int
+		ok         bool
+	}{
+		{0, 0, true}, {32, 128, true}, {1, 1, true}, {24, 48, true},
+		{33, 0, false}, {0, 129, false}, {-1, 0, false}, {0, -64, false},
+	} {
+		u, _ := url.Parse("http://127.0.0.1:1")
+		_, err := New(Options{Upstream: u, Metrics: metrics.New(prometheus.NewRegistry()),
+			ClientIPv4Prefix: tc.ipv4, ClientIPv6Prefix: tc.ipv6})
+		if (err == nil) != tc.ok {
+			t.Errorf("New(ClientIPv4Prefix %d, ClientIPv6Prefix %d) error = %v, want error %v", tc.ipv4, tc.ipv6, err, !tc.ok)
 		}
 	}
 }

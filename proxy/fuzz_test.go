@@ -260,11 +260,12 @@ func FuzzClientAddr(f *testing.F) {
 			}
 		}
 
-		key := clientKey(r, trusted)
+		keys := clientKeys{trusted: trusted, ipv4: 32, ipv6: 128} // every address its own key
+		key := keys.key(r)
 		if apikey != "" {
 			withKey := &http.Request{RemoteAddr: remote, Header: r.Header.Clone()}
 			withKey.Header.Set("apikey", apikey)
-			if k, want := clientKey(withKey, trusted), "apikey:"+withKey.Header.Get("apikey"); k != want {
+			if k, want := keys.key(withKey), "apikey:"+withKey.Header.Get("apikey"); k != want {
 				t.Errorf("clientKey(apikey %q) = %q, want %q", apikey, k, want)
 			}
 		}

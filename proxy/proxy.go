@@ -64,9 +64,19 @@ type Options struct {
 	// LimitStatus is the status of a rejected request: 503 (zero value), as Core itself
 	// answers when busy, or 429 (RFC 6585).
 	LimitStatus int
-	// TrustedProxies are the peers whose X-Forwarded-For is believed when keying
-	// per-client shares. Empty: the TCP peer is always the client.
+	// TrustedProxies are the peers whose X-Forwarded-For (or X-Real-IP) is believed
+	// when keying per-client shares, and whose forwarding fields (X-Forwarded-Proto,
+	// -Host, Forwarded...) reach Core as sent (see setForwarded). Empty: the TCP peer
+	// is always the client, and Core is told mdproxy's own view of it.
 	TrustedProxies []netip.Prefix
+	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
+	// are grouped into one key of a per-client share: a host given a /64 takes any
+	// address in it at will. Zero means 64; otherwise 1 to 128 (128: each address its
+	// own key).
+	ClientIPv6Prefix int
+	// ClientIPv4Prefix is the same for IPv4 client addresses, IPv4-mapped IPv6 ones
+	// included. Zero means 32 (each address its own key); otherwise 1 to 32.
+	ClientIPv4Prefix int
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
 	// Bridge, when not nil, takes Core's callback for each POST /file that brings no
@@ -153,7 +163,7 @@ type route struct {
 	limitBurst      *lazy[prometheus.Gauge]
 	limitMaxWait    *lazy[prometheus.Gauge]
 	limitStatus     int
-	trusted         []netip.Prefix
+	clientKeys      clientKeys
 	upstreamTimeout time.Duration
 	bodyIdle        time.Duration // 0: off
 	readBatch       int           // Options.UploadReadBatch; 0: off
@@ -170,8 +180,8 @@ type route struct {
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing,
-// LimitStatus is neither 0, 429 nor 503, UploadReadBatch is neither 0 nor at least
-// 65536, or PollBufferBytes is negative.
+// LimitStatus is neither 0, 429 nor 503, a client prefix is out of its range,
+// UploadReadBatch is neither 0 nor at least 65536, or PollBufferBytes is negative.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -194,6 +204,16 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.Limits == nil {
 		opts.Limits = (*limiter.Set)(nil)
+	}
+	if opts.ClientIPv6Prefix == 0 {
+		opts.ClientIPv6Prefix = 64
+	}
+	if opts.ClientIPv4Prefix == 0 {
+		opts.ClientIPv4Prefix = 32
+	}
+	if opts.ClientIPv6Prefix < 1 || opts.ClientIPv6Prefix > 128 || opts.ClientIPv4Prefix < 1 || opts.ClientIPv4Prefix > 32 {
+		return nil, fmt.Errorf("proxy: client prefixes /%d (IPv4) and /%d (IPv6): want 1 to 32 and 1 to 128",
+			opts.ClientIPv4Prefix, opts.ClientIPv6Prefix)
 	}
 	if opts.UploadReadBatch != 0 && opts.UploadReadBatch < readBatchMin {
 		return nil, fmt.Errorf("proxy: upload read batch of %d bytes: want 0 or at least %d", opts.UploadReadBatch, readBatchMin)
@@ -281,7 +301,7 @@ func newRoute(name string, opts Options) *route {
 		limitBurst:       newLazy(func() prometheus.Gauge { return m.LimitBurst.WithLabelValues(name) }),
 		limitMaxWait:     newLazy(func() prometheus.Gauge { return m.LimitMaxWait.WithLabelValues(name) }),
 		limitStatus:      opts.LimitStatus,
-		trusted:          opts.TrustedProxies,
+		clientKeys:       clientKeys{trusted: opts.TrustedProxies, ipv4: opts.ClientIPv4Prefix, ipv6: opts.ClientIPv6Prefix},
 		upstreamTimeout:  opts.UpstreamTimeout,
 		bodyIdle:         opts.BodyIdleTimeout,
 		readBatch:        opts.UploadReadBatch,
@@ -306,12 +326,9 @@ func newRoute(name string, opts Options) *route {
 		// the rewrite, not before it (golang/go#53002).
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream) // keeps the client's path spelling and encoding
-			// A trusted load balancer's X-Forwarded-For chain is kept and extended; an
-			// untrusted peer's is dropped, so Core sees no forged client address.
-			if isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
-				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-			}
-			pr.SetXForwarded()
+			// A trusted load balancer's view of the client is kept; an untrusted
+			// peer's claims are dropped, so Core sees no forged address or scheme.
+			setForwarded(pr, trusted)
 			// Core's API has no protocol upgrade: a tunnel would carry requests past
 			// the limiter and the metrics. The request goes on as a plain one, and a
 			// 101 from Core fails as a protocol the client did not ask for (502).
@@ -324,20 +341,11 @@ func newRoute(name string, opts Options) *route {
 			if !pr.In.ProtoAtLeast(1, 1) {
 				delete(pr.Out.Header, "Expect")
 			}
-			// An untrusted peer's X-Real-IP is no more believed than its
-			// X-Forwarded-For (clientAddr does not read it either): Core sees no forged
-			// address.
-			if pr.Out.Header["X-Real-Ip"] != nil && !isTrusted(parseAddr(pr.In.RemoteAddr), trusted) {
-				delete(pr.Out.Header, "X-Real-Ip")
-			}
 			// The route and the limit were decided on the request line: header
 			// fields with which some servers take another path or method do not
 			// reach Core.
 			for _, k := range overrideFields {
 				delete(pr.Out.Header, k)
-			}
-			if pr.Out.Header["X-Forwarded-Host"] != nil && pr.In.Host == "" {
-				delete(pr.Out.Header, "X-Forwarded-Host") // an HTTP/1.0 request without Host
 			}
 			if ex := exchangeOf(pr.In); rt.readsAnswer && (!rt.polled || (ex != nil && ex.shared)) {
 				askWholeAnswer(pr.Out.Header)
@@ -619,7 +627,7 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 	}
 	var client string
 	if held.perClient {
-		client = clientKey(r, rt.trusted)
+		client = rt.clientKeys.key(r)
 	}
 	d := held.l.Acquire(ctx, client)
 	if d.Outcome < 0 || int(d.Outcome) >= limiter.Outcomes {

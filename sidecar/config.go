@@ -36,7 +36,9 @@ type Config struct {
 	// which clients already handle) or 429. Default 503.
 	LimitStatus int `env:"LIMIT_STATUS" envDefault:"503"`
 	// TrustedProxies are the CIDRs (or single addresses) of load balancers whose
-	// X-Forwarded-For is believed for per-client keys. Default none.
+	// X-Forwarded-For (or X-Real-IP) is believed for per-client keys, and whose
+	// X-Forwarded-Proto, -Host, -Port, Forwarded and the like reach Core as sent.
+	// Default none.
 	TrustedProxies []string `env:"TRUSTED_PROXIES" envSeparator:","`
 	// UpstreamTimeout bounds the wait for Core's response headers once the request is
 	// sent; then 504. Default 60s.
@@ -79,13 +81,29 @@ type Config struct {
 	// the per-client check (the route's bucket still applies), counted and logged.
 	// Default 100000; must be above 0.
 	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
+	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
+	// (the peer's, or a trusted proxy's X-Forwarded-For or X-Real-IP) are grouped into
+	// one key of a per-client share: a host given a /64 takes any address in it at
+	// will. Default 64; from 1 to 128 (128: each address its own key).
+	ClientIPv6Prefix int `env:"CLIENT_IPV6_PREFIX" envDefault:"64"`
+	// ClientIPv4Prefix is the same for IPv4 addresses, IPv4-mapped IPv6 ones included.
+	// Default 32 (each address its own key); from 1 to 32.
+	ClientIPv4Prefix int `env:"CLIENT_IPV4_PREFIX" envDefault:"32"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
 	// lines, e.g. a Kubernetes ConfigMap mounted as a file), read at start and again on
-	// SIGHUP and when the file changes; its variables take precedence over the
-	// environment's. Default none: the limits are the environment's until a restart.
+	// SIGHUP and when the file changed and settled (LimitsFileSettle); its variables
+	// take precedence over the environment's. Default none: the limits are the
+	// environment's until a restart.
 	LimitsFile string `env:"LIMITS_FILE"`
+	// LimitsFileSettle is how long the limits file must stay unchanged after a change
+	// before it is put in force: it is read at each change seen and again once this
+	// time passed without another, and applied only when both readings match, so that a
+	// file written in place (truncated, then written in parts) is not put in force
+	// empty or half-written. A SIGHUP reads the file at once. Default 1s; from 10ms to
+	// 1m.
+	LimitsFileSettle time.Duration `env:"LIMITS_FILE_SETTLE" envDefault:"1s"`
 
 	// Limits is each route's limit, from MDPROXY_<ROUTE>_RATE, _BURST, _MAX_WAIT,
 	// _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN; see DefaultLimits.
@@ -95,6 +113,9 @@ type Config struct {
 	trusted  []netip.Prefix
 	level    slog.Level
 	noEffect []string // settings that have no effect, for a warning; see ineffective
+	// limitsRead is the content of the limits file whose limits are Limits; nil without
+	// a file. A reload of the same content changes nothing.
+	limitsRead []byte
 
 	// TLS to clients and to Core, and the admin port's extras (sidecar/tls.go and
 	// sidecar/admin.go). File names are read at start; see validateTLS.
@@ -102,8 +123,9 @@ type Config struct {
 	// TLSCertFile is the PEM certificate (chain, leaf first) that the proxy listener
 	// serves HTTPS with, and TLSKeyFile its PEM private key. Both or neither; neither
 	// (the default) serves plain HTTP. Both files are read again when they changed (a
-	// renewed Secret), at most every few seconds, on a new connection; a renewal that
-	// does not load keeps the certificate served and is logged.
+	// renewed Secret), at most every few seconds, on a new connection, and taken once
+	// two such checks read them alike; a renewal that does not load keeps the
+	// certificate served and is logged.
 	TLSCertFile string `env:"TLS_CERT_FILE"`
 	TLSKeyFile  string `env:"TLS_KEY_FILE"`
 	// UpstreamCAFile is a PEM bundle of the CA certificates that an https upstream's
@@ -210,12 +232,16 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 		errs.Add(err)
 	}
 	errs.Add(c.validate(environ))
-	limits, noEffect, err := loadLimits(environ, c.LimitsFile)
+	var lf limitsFile
+	if c.LimitsFile != "" {
+		lf = readLimitsFile(c.LimitsFile)
+	}
+	limits, noEffect, err := loadLimits(environ, c.LimitsFile, lf)
 	errs.Add(err)
 	if err := errs.Err(); err != nil {
 		return nil, &ConfigError{err}
 	}
-	c.Limits, c.noEffect = limits, noEffect
+	c.Limits, c.noEffect, c.limitsRead = limits, noEffect, lf.data
 	return &c, nil
 }
 
@@ -235,6 +261,14 @@ const (
 const (
 	maxTimeout = 24 * time.Hour
 	maxTTL     = 365 * 24 * time.Hour
+)
+
+// minSettle and maxSettle bound MDPROXY_LIMITS_FILE_SETTLE: below 10 ms a writer's
+// pause between two writes would hardly ever be covered; beyond a minute an edit would
+// seem not to be taken.
+const (
+	minSettle = 10 * time.Millisecond
+	maxSettle = time.Minute
 )
 
 // maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
@@ -260,6 +294,9 @@ var configWants = map[string]string{
 	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
 	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
+	"LIMITS_FILE_SETTLE":    "want a duration with its unit from 10ms to 1m (e.g. 1s)",
+	"CLIENT_IPV6_PREFIX":    "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
+	"CLIENT_IPV4_PREFIX":    "want a prefix length in bits from 1 to 32 (e.g. 32: each address its own key)",
 	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -307,6 +344,11 @@ func (c *Config) validate(environ map[string]string) error {
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
+		// A peer's IPv4-mapped IPv6 address is read as IPv4 (proxy.parseAddr): so is
+		// a trusted prefix written so, or it would never match.
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
 		c.trusted = append(c.trusted, p.Masked())
 	}
 	for _, t := range []struct {
@@ -327,11 +369,20 @@ func (c *Config) validate(environ map[string]string) error {
 	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > maxTimeout {
 		bad("SHUTDOWN_TIMEOUT", configWants["SHUTDOWN_TIMEOUT"])
 	}
+	if c.LimitsFileSettle < minSettle || c.LimitsFileSettle > maxSettle {
+		bad("LIMITS_FILE_SETTLE", configWants["LIMITS_FILE_SETTLE"])
+	}
 	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
 		bad("UPLOAD_READ_BATCH", configWants["UPLOAD_READ_BATCH"])
 	}
 	if c.ClientKeysMax < 1 || c.ClientKeysMax > maxClientKeys {
 		bad("CLIENT_KEYS_MAX", configWants["CLIENT_KEYS_MAX"])
+	}
+	if c.ClientIPv6Prefix < 1 || c.ClientIPv6Prefix > 128 {
+		bad("CLIENT_IPV6_PREFIX", configWants["CLIENT_IPV6_PREFIX"])
+	}
+	if c.ClientIPv4Prefix < 1 || c.ClientIPv4Prefix > 32 {
+		bad("CLIENT_IPV4_PREFIX", configWants["CLIENT_IPV4_PREFIX"])
 	}
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("LOG_LEVEL", "want debug, info, warn or error")

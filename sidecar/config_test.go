@@ -45,6 +45,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"ShutdownTimeout", c.ShutdownTimeout, 30 * time.Second},
 		{"LogLevel", c.LogLevel, "info"},
 		{"level", c.level, slog.LevelInfo},
+		{"LimitsFileSettle", c.LimitsFileSettle, time.Second},
+		{"ClientIPv6Prefix", c.ClientIPv6Prefix, 64},
+		{"ClientIPv4Prefix", c.ClientIPv4Prefix, 32},
 		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
 	} {
 		if tc.got != tc.want {
@@ -155,6 +158,15 @@ func TestLoadConfigBadValue(t *testing.T) {
 	for _, v := range []string{"-1s", "x", "30", "25h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_TIMEOUT", v))
 	}
+	for _, v := range []string{"0s", "9ms", "1m0.001s", "-1s", "x", "1"} {
+		cases = append(cases, one("MDPROXY_LIMITS_FILE_SETTLE", v))
+	}
+	for _, v := range []string{"0", "129", "-64", "/64", "64.5", "x"} {
+		cases = append(cases, one("MDPROXY_CLIENT_IPV6_PREFIX", v))
+	}
+	for _, v := range []string{"0", "33", "-1", "/24", "x"} {
+		cases = append(cases, one("MDPROXY_CLIENT_IPV4_PREFIX", v))
+	}
 	for _, v := range []string{"-1s", "-1ns", "x", "5", "99999h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
 	}
@@ -228,6 +240,9 @@ func TestLoadConfigValidValues(t *testing.T) {
 		"MDPROXY_SHUTDOWN_TIMEOUT":      "0s", // 0 cuts in-flight requests at once: allowed
 		"MDPROXY_SHUTDOWN_DELAY":        "0s", // 0 closes the listener at once: allowed
 		"MDPROXY_LOG_LEVEL":             "debug",
+		"MDPROXY_LIMITS_FILE_SETTLE":    "10ms",
+		"MDPROXY_CLIENT_IPV6_PREFIX":    "128",
+		"MDPROXY_CLIENT_IPV4_PREFIX":    "24",
 
 		"MDPROXY_FILE_RESULT_RATE":          "0.5",
 		"MDPROXY_FILE_RESULT_BURST":         "3",
@@ -258,6 +273,9 @@ func TestLoadConfigValidValues(t *testing.T) {
 		{"ShutdownTimeout", c.ShutdownTimeout, time.Duration(0)},
 		{"ShutdownDelay", c.ShutdownDelay, time.Duration(0)},
 		{"level", c.level, slog.LevelDebug},
+		{"LimitsFileSettle", c.LimitsFileSettle, 10 * time.Millisecond},
+		{"ClientIPv6Prefix", c.ClientIPv6Prefix, 128},
+		{"ClientIPv4Prefix", c.ClientIPv4Prefix, 24},
 		{"trusted", fmt.Sprint(c.trusted), "[10.0.0.0/8 192.0.2.7/32 ::1/128]"},
 	} {
 		if tc.got != tc.want {
@@ -323,6 +341,10 @@ func TestLoadConfigTrustedProxies(t *testing.T) {
 		}},
 		{"10.1.2.3/8", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
 		{" , 2001:db8::/32 ,", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}},
+		// IPv4-mapped, as peers' addresses are read: IPv4.
+		{"::ffff:10.0.0.0/104, ::ffff:192.0.2.7", []netip.Prefix{
+			netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32"),
+		}},
 	} {
 		env := map[string]string{"MDPROXY_TRUSTED_PROXIES": tc.value}
 		c, err := LoadConfig(env)

@@ -44,7 +44,8 @@ type instance struct {
 }
 
 // startRun starts Run with env plus loopback listen addresses, no shutdown delay
-// (unless env sets MDPROXY_SHUTDOWN_DELAY: only the tests of the delay want it) and,
+// (unless env sets MDPROXY_SHUTDOWN_DELAY: only the tests of the delay want it), a
+// limits file settle time of 100ms (unless env sets MDPROXY_LIMITS_FILE_SETTLE) and,
 // when upstreamURL is not empty, MDPROXY_UPSTREAM_URL; it returns once both listeners
 // serve, with opts. Cleanup stops it.
 func startRun(t *testing.T, upstreamURL string, env map[string]string, opts ...Option) *instance {
@@ -55,6 +56,9 @@ func startRun(t *testing.T, upstreamURL string, env map[string]string, opts ...O
 		"MDPROXY_SHUTDOWN_DELAY": "0s",
 		// The bridge's callback listener on a port of its own: tests run in parallel.
 		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
+		// The tests of the limits file write it whole at once (or rename it): a short
+		// settle time keeps them quick. The settle time's own tests set theirs.
+		"MDPROXY_LIMITS_FILE_SETTLE": "100ms",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL

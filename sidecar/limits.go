@@ -36,22 +36,47 @@ func routeLimitVars() []string {
 // file.
 var utf8BOM = []byte("\ufeff")
 
-// readLimitsFile reads the limits file at path: lines of KEY=VALUE, as a .env file
-// (github.com/joho/godotenv: # comments, blank lines, quotes and "export " allowed),
-// each key a route limit variable; a leading UTF-8 byte order mark is skipped. It returns the route limit variables it sets, and an
-// error naming the file: when it cannot be read or parsed (vars is nil then), or an
-// envconf.Errors naming each variable of it that is not a route limit variable.
+// limitsFile is one reading of the limits file: its content, or the error of reading
+// it (naming MDPROXY_LIMITS_FILE and the path; data is nil then).
+type limitsFile struct {
+	data []byte
+	err  error
+}
+
+// readLimitsFile reads the limits file at path, whole, once.
+func readLimitsFile(path string) limitsFile {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return limitsFile{err: fmt.Errorf("%sLIMITS_FILE=%q: reading the limits file: %w", EnvPrefix, path, err)}
+	}
+	return limitsFile{data: data}
+}
+
+// same reports whether f and g read alike: the same bytes (an empty file and another
+// empty one alike), or errors of the same text.
+func (f limitsFile) same(g limitsFile) bool {
+	if f.err != nil || g.err != nil {
+		return f.err != nil && g.err != nil && f.err.Error() == g.err.Error()
+	}
+	return bytes.Equal(f.data, g.data)
+}
+
+// parseLimitsFile parses f, read from the limits file at path: lines of KEY=VALUE, as a
+// .env file (github.com/joho/godotenv: # comments, blank lines, quotes and "export "
+// allowed), each key a route limit variable; a leading UTF-8 byte order mark is
+// skipped. It returns the route limit variables it sets, and an error naming the file:
+// f's own when it could not be read, one when it does not parse (vars is nil then), or
+// an envconf.Errors naming each variable of it that is not a route limit variable.
 //
 // godotenv expands $NAME and ${NAME} in a value and lets a later line set a key again;
 // neither has a use here, and each hides a mistake (a template placeholder left
 // unrendered would become the default, a bad first value would go unseen), so a value
 // holding "$" and a key set twice are errors naming the variable.
-func readLimitsFile(path string) (vars map[string]string, err error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%sLIMITS_FILE=%q: reading the limits file: %w", EnvPrefix, path, err)
+func parseLimitsFile(path string, f limitsFile) (vars map[string]string, err error) {
+	if f.err != nil {
+		return nil, f.err
 	}
-	data = bytes.TrimPrefix(data, utf8BOM) // godotenv would read it as part of the first key
+	data := bytes.TrimPrefix(f.data, utf8BOM) // godotenv would read it as part of the first key
 	vars, err = godotenv.UnmarshalBytes(data)
 	if err != nil {
 		return nil, fmt.Errorf("limits file %s: want lines of MDPROXY_<ROUTE>_<SETTING>=VALUE: %w", path, err)
@@ -73,19 +98,19 @@ func readLimitsFile(path string) (vars map[string]string, err error) {
 }
 
 // loadLimits returns each route's limit, read from environ and, when file is not "",
-// from the limits file, whose variables take precedence over environ's: a route limit
+// from f, the limits file read from file, whose variables take precedence over environ's: a route limit
 // variable that the file sets (empty: the default) is taken from it, one it does not
 // set from environ, else from DefaultLimits. It also returns the route limit variables
-// and MDPROXY_CLIENT_KEYS_MAX that are set but have no effect (see ineffective).
+// and the per-client settings that are set but have no effect (see ineffective).
 //
 // The error, an envconf.Errors, names every bad variable, those set in the file
 // prefixed by "limits file PATH: ", or the file when it cannot be read or parsed.
-func loadLimits(environ map[string]string, file string) (limits map[string]limiter.Limit, noEffect []string, err error) {
+func loadLimits(environ map[string]string, file string, f limitsFile) (limits map[string]limiter.Limit, noEffect []string, err error) {
 	merged := environ
 	var fromFile map[string]string
 	var errs envconf.Errors
 	if file != "" {
-		fromFile, err = readLimitsFile(file)
+		fromFile, err = parseLimitsFile(file, f)
 		if fromFile == nil {
 			return nil, nil, err
 		}
@@ -113,8 +138,9 @@ func loadLimits(environ map[string]string, file string) (limits map[string]limit
 // ineffective returns, in route and setting order, each variable set (not empty) in
 // environ that changes nothing given limits, with why: a route's _BURST or _MAX_WAIT
 // without a rate (they shape the route's token bucket, which it then has not), its
-// _CLIENT_WINDOW without a _CLIENT_LIMIT, and MDPROXY_CLIENT_KEYS_MAX when no route has
-// a per-client share. E.g. "MDPROXY_STAT_BURST (MDPROXY_STAT_RATE is 0: no bucket)".
+// _CLIENT_WINDOW without a _CLIENT_LIMIT, and MDPROXY_CLIENT_KEYS_MAX,
+// MDPROXY_CLIENT_IPV6_PREFIX and MDPROXY_CLIENT_IPV4_PREFIX when no route has a
+// per-client share. E.g. "MDPROXY_STAT_BURST (MDPROXY_STAT_RATE is 0: no bucket)".
 func ineffective(environ map[string]string, limits map[string]limiter.Limit) []string {
 	var out []string
 	set := func(name string) bool { return environ[name] != "" }
@@ -137,8 +163,10 @@ func ineffective(environ map[string]string, limits map[string]limiter.Limit) []s
 			out = append(out, fmt.Sprintf("%s (the route has no limit to try)", v("DRY_RUN")))
 		}
 	}
-	if name := EnvPrefix + "CLIENT_KEYS_MAX"; !shared && set(name) {
-		out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+	for _, s := range []string{"CLIENT_KEYS_MAX", "CLIENT_IPV6_PREFIX", "CLIENT_IPV4_PREFIX"} {
+		if name := EnvPrefix + s; !shared && set(name) {
+			out = append(out, name+" (no route has a _CLIENT_LIMIT)")
+		}
 	}
 	// Replicas that were meant to share a Redis but were not given one each let the
 	// full rate through: say so.

@@ -243,6 +243,7 @@ func TestIneffective(t *testing.T) {
 		{"limits that work", map[string]string{
 			"MDPROXY_STAT_RATE": "1", "MDPROXY_STAT_BURST": "2", "MDPROXY_STAT_MAX_WAIT": "1s",
 			"MDPROXY_STAT_CLIENT_LIMIT": "3", "MDPROXY_STAT_CLIENT_WINDOW": "1m", "MDPROXY_CLIENT_KEYS_MAX": "10",
+			"MDPROXY_CLIENT_IPV6_PREFIX": "56",
 		}, nil},
 		{"burst and wait without a rate", map[string]string{
 			"MDPROXY_STAT_BURST": "5", "MDPROXY_STAT_MAX_WAIT": "1s", "MDPROXY_VERSION_MAX_WAIT": "2s",
@@ -256,6 +257,9 @@ func TestIneffective(t *testing.T) {
 		{"keys bound without a share", map[string]string{
 			"MDPROXY_CLIENT_KEYS_MAX": "10",
 		}, []string{"MDPROXY_CLIENT_KEYS_MAX"}},
+		{"client prefixes without a share", map[string]string{
+			"MDPROXY_CLIENT_IPV6_PREFIX": "56", "MDPROXY_CLIENT_IPV4_PREFIX": "24",
+		}, []string{"MDPROXY_CLIENT_IPV6_PREFIX", "MDPROXY_CLIENT_IPV4_PREFIX"}},
 		{"dry run of an unlimited route", map[string]string{
 			"MDPROXY_VERSION_DRY_RUN": "true", "MDPROXY_FILE_RESULT_DRY_RUN": "true",
 		}, []string{"MDPROXY_VERSION_DRY_RUN"}},

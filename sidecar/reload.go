@@ -1,28 +1,26 @@
 package sidecar
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/proxy"
 )
-
-// reloadDebounce is how long the limits file's directory must stay quiet after a change
-// before the file is read: one edit may come as several events (an editor's write and
-// rename, the three or four of a ConfigMap's swap), and a file being written must not
-// be read half-way.
-const reloadDebounce = 100 * time.Millisecond
 
 // configMapData is the symlink that Kubernetes swaps, in the directory of a mounted
 // ConfigMap, to update every file of it at once: the file itself, a symlink through
@@ -71,10 +69,15 @@ func (l *liveLimits) ClientKeys(f func(route string, tracked int, untracked uint
 type limitsReloader struct {
 	file    string            // MDPROXY_LIMITS_FILE; "" when none
 	environ map[string]string // Run's, for the variables the file does not set
+	settle  time.Duration     // MDPROXY_LIMITS_FILE_SETTLE
+	clock   clockwork.Clock   // the settle time's
 	log     *slog.Logger
 	reloads *prometheus.CounterVec // mdproxy_config_reloads_total
 	live    *liveLimits
 	proxy   *proxy.Proxy
+	// inForce is the content of the file whose limits are in force (Config.limitsRead
+	// at start): a reading alike is no reload. Only the watching goroutine uses it.
+	inForce []byte
 }
 
 // rewatchEvery is how often a directory of the limits file that cannot be watched
@@ -87,14 +90,14 @@ const (
 	msgWatchBack = "watching the limits file again"
 )
 
-// start reloads the limits on each signal of sigs (nil: none) and, when there is a
-// limits file, reloadDebounce after the file, or the ..data symlink of a ConfigMap
-// beside it, changed: it watches the file's directory (fsnotify), since an editor or
-// Kubernetes replaces the file rather than write into it, and, when the file is a
-// symlink to a file of another directory, that directory too (see fileWatch). A
-// directory that cannot be watched at start is logged, and only signals reload then.
-// start returns stop, which ends the watching and waits for it: no goroutine is left
-// once stop returned.
+// start reloads the limits on each signal of sigs (nil: none), at once, and, when there
+// is a limits file, once the file has settled (see fileSettle) after it, or the ..data
+// symlink of a ConfigMap beside it, changed: it watches the file's directory
+// (fsnotify), since an editor or Kubernetes replaces the file rather than write into
+// it, and, when the file is a symlink to a file of another directory, that directory
+// too (see fileWatch). A directory that cannot be watched at start is logged, and only
+// signals reload then. start returns stop, which ends the watching and waits for it:
+// no goroutine is left once stop returned.
 func (r *limitsReloader) start(sigs <-chan os.Signal) (stop func()) {
 	var fw *fileWatch
 	var syncErr error // a directory of the file, other than its own, not watched
@@ -119,9 +122,13 @@ func (r *limitsReloader) start(sigs <-chan os.Signal) (stop func()) {
 		return func() {}
 	}
 	done, finished := make(chan struct{}), make(chan struct{})
+	var fs *fileSettle
+	if fw != nil {
+		fs = newFileSettle(r.clock, r.file, r.settle)
+	}
 	go func() {
 		defer close(finished)
-		r.watch(done, sigs, fw, syncErr)
+		r.watch(done, sigs, fw, fs, syncErr)
 	}()
 	return func() {
 		close(done)
@@ -132,20 +139,24 @@ func (r *limitsReloader) start(sigs <-chan os.Signal) (stop func()) {
 	}
 }
 
-// watch runs start's loop until done is closed. fw may be nil (no file, or not
-// watched); syncErr is its first sync's error. While a directory of the file cannot be
-// watched, watch tries again every rewatchEvery, and on each signal; it logs the loss
-// at warn once, the return at info, and reads the file once it is back (it may have
-// been written meanwhile, unseen).
-func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *fileWatch, syncErr error) {
+// watch runs start's loop until done is closed. fw and fs may be nil (no file, or not
+// watched); syncErr is fw's first sync's error. Each change of the file seen starts its
+// settle time again (fs); once settled, the file is reloaded. While a directory of the
+// file cannot be watched, watch tries again every rewatchEvery, and on each signal; it
+// logs the loss at warn once, the return at info, and reads the file once it is back
+// (it may have been written meanwhile, unseen).
+func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *fileWatch, fs *fileSettle, syncErr error) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
+	var settled <-chan time.Time
 	if fw != nil {
-		events, errs = fw.w.Events, fw.w.Errors
+		events, errs, settled = fw.w.Events, fw.w.Errors, fs.C()
+		defer fs.stop()
 	}
-	quiet := time.NewTimer(time.Hour)
-	quiet.Stop()
-	defer quiet.Stop()
+	changed := func() {
+		fs.changed()
+		r.log.Debug("limits file changed: reading it once it has settled", "file", r.file, "settle", r.settle.String())
+	}
 	var retry *time.Ticker
 	var retries <-chan time.Time // retry's, while a directory is not watched
 	defer func() {
@@ -153,9 +164,9 @@ func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *
 			retry.Stop()
 		}
 	}()
-	// settle records the outcome of a sync: the watch lost (err) or back, and returns
+	// synced records the outcome of a sync: the watch lost (err) or back, and returns
 	// whether the file must be read again for it (back, or the symlink moved).
-	settle := func(moved bool, err error) (changed bool) {
+	synced := func(moved bool, err error) (reread bool) {
 		switch {
 		case err != nil && retry == nil:
 			r.log.Warn(msgWatchLost, "file", r.file, "err", err.Error())
@@ -170,7 +181,7 @@ func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *
 		return moved
 	}
 	if fw != nil && syncErr != nil {
-		settle(false, syncErr)
+		synced(false, syncErr)
 	}
 	for {
 		select {
@@ -178,21 +189,21 @@ func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *
 			return
 		case sig := <-sigs:
 			if fw != nil {
-				settle(fw.sync())
+				synced(fw.sync())
 			}
-			r.reload("signal " + sig.String())
+			r.reload("signal "+sig.String(), readLimitsFile(r.file))
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
 				continue
 			}
 			ours := fw.event(ev)
-			if settle(fw.sync()) || ours {
-				quiet.Reset(reloadDebounce)
+			if synced(fw.sync()) || ours {
+				changed()
 			}
 		case <-retries:
-			if settle(fw.sync()) {
-				quiet.Reset(reloadDebounce)
+			if synced(fw.sync()) {
+				changed()
 			}
 		case err, ok := <-errs:
 			if !ok {
@@ -200,8 +211,10 @@ func (r *limitsReloader) watch(done <-chan struct{}, sigs <-chan os.Signal, fw *
 				continue
 			}
 			r.log.Warn("watching the limits file", "file", r.file, "err", err.Error())
-		case <-quiet.C:
-			r.reload("file changed")
+		case <-settled:
+			if f, ok := fs.due(); ok {
+				r.reload("file changed", f)
+			}
 		}
 	}
 }
@@ -286,18 +299,31 @@ func (fw *fileWatch) sync() (moved bool, err error) {
 	return moved, err
 }
 
-// reload reads the limits file and, when it is good, puts its limits in force: each
-// route whose limit changed gets a new, full bucket (requests that hold the old one
-// finish on it), the others keep theirs. A file that cannot be read or holds a bad
-// setting changes nothing. Either way the outcome is counted
+// msgUnchanged is logged for a reading of the limits file alike the one in force.
+const msgUnchanged = "limits file unchanged: the limits in force stay"
+
+// reload puts in force the limits of f, a reading of the limits file, when it is good:
+// each route whose limit changed gets a new, full bucket (requests that hold the old
+// one finish on it), the others keep theirs. A file that could not be read or holds a
+// bad setting changes nothing. Either way the outcome is counted
 // (mdproxy_config_reloads_total) and logged, an error naming the file and the
-// variable. trigger says what asked for the reload, for the log.
-func (r *limitsReloader) reload(trigger string) {
+// variable. A reading alike the file in force is no reload: nothing is counted nor
+// changed, and it is logged at info when a signal asked for it (the operator hears
+// back), at debug otherwise. trigger says what asked for the reload, for the log.
+func (r *limitsReloader) reload(trigger string, f limitsFile) {
 	if r.file == "" {
 		r.log.Warn("limits not reloaded: MDPROXY_LIMITS_FILE is not set, nothing to read", "trigger", trigger)
 		return
 	}
-	limits, noEffect, err := loadLimits(r.environ, r.file)
+	if f.err == nil && bytes.Equal(f.data, r.inForce) {
+		level := slog.LevelDebug
+		if strings.HasPrefix(trigger, "signal") {
+			level = slog.LevelInfo
+		}
+		r.log.Log(context.Background(), level, msgUnchanged, "file", r.file, "trigger", trigger)
+		return
+	}
+	limits, noEffect, err := loadLimits(r.environ, r.file, f)
 	var next *limiter.Set
 	var changed []string
 	if err == nil {
@@ -309,6 +335,7 @@ func (r *limitsReloader) reload(trigger string) {
 			"err", err.Error())
 		return
 	}
+	r.inForce = f.data
 	r.live.Store(next)
 	r.proxy.SetLimits(next)
 	r.reloads.WithLabelValues(metrics.ReloadSuccess).Inc()

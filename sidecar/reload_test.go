@@ -240,17 +240,49 @@ func TestReloadSignal(t *testing.T) {
 		t.Parallel()
 		path := writeLimits(t, t.TempDir(), "limits.env", slowFileResult)
 		sigs := make(chan os.Signal, 1)
-		in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path}, WithReloadSignals(sigs))
-		reloaded := in.logs.Written(`"trigger":"signal hangup"`)
+		// A settle time no test waits for: a change is in force by the signal alone.
+		in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path, "MDPROXY_LIMITS_FILE_SETTLE": "1m"},
+			WithReloadSignals(sigs))
+		if codes := in.polls(t, "/file/x", 2); codes[0] != http.StatusOK || codes[1] != http.StatusServiceUnavailable {
+			t.Fatalf("2 polls at rate 0.001, burst 1 = %v, want 200 then 503", codes)
+		}
+
+		// The file as it is: nothing to reload, and the operator hears so.
+		unchanged := in.logs.Written(msgUnchanged)
+		sigs <- syscall.SIGHUP
+		select {
+		case <-unchanged:
+		case <-time.After(safety):
+			t.Fatalf("no %q logged after a signal:\n%s", msgUnchanged, in.logs)
+		}
+		l := findLog(sidecartest.CheckJSONLogs(t, in.logs.String()), msgUnchanged)
+		if l["level"] != "INFO" || l["trigger"] != "signal hangup" || l["file"] != path {
+			t.Errorf("%q line = %v, want INFO, trigger %q, file %s", msgUnchanged, l, "signal hangup", path)
+		}
+		for _, s := range []string{reloadsSuccess, reloadsError} {
+			if got := in.metric(t, s); got != 0 {
+				t.Errorf("%s after a signal with the file unchanged = %v, want 0", s, got)
+			}
+		}
+		if codes := in.polls(t, "/file/x", 1); codes[0] != http.StatusServiceUnavailable {
+			t.Errorf("poll after a signal with the file unchanged = %v, want 503: the bucket kept, empty", codes)
+		}
+
+		// A new file renamed in place, then the signal: in force at once, not a
+		// settle time later.
+		reloaded := in.logs.Written(`"trigger":"signal hangup","changed":["file_result"]`)
+		replaceFile(t, path, "MDPROXY_FILE_RESULT_RATE=1000\n")
 		sigs <- syscall.SIGHUP
 		select {
 		case <-reloaded:
 		case <-time.After(safety):
-			t.Fatalf("no reload logged after a signal:\n%s", in.logs)
+			t.Fatalf("no reload of file_result logged after a signal:\n%s", in.logs)
 		}
-		in.waitMetric(t, reloadsSuccess, 1, reloadWithin)
-		if got := in.metric(t, fileResultRate); got != 0.001 {
-			t.Errorf("%s after a reload of the same file = %v, want 0.001", fileResultRate, got)
+		if got := in.metric(t, fileResultRate); got != 1000 {
+			t.Errorf("%s after the signal = %v, want 1000", fileResultRate, got)
+		}
+		if got := in.metric(t, reloadsSuccess); got != 1 {
+			t.Errorf("%s after the signal = %v, want 1", reloadsSuccess, got)
 		}
 	})
 
@@ -457,4 +489,28 @@ func TestReloadSymlinkTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.waitMetric(t, fileResultRate, 12, safety)
+}
+
+// TestReloadEmptyFileStaysEmpty empties the limits file and leaves it so: once settled,
+// an empty file is a good one that overrides nothing, and the routes take the
+// environment's limits, else their defaults.
+func TestReloadEmptyFileStaysEmpty(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	path := writeLimits(t, t.TempDir(), "limits.env", slowFileResult+slowBatchStatus)
+	in := startRun(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path, "MDPROXY_BATCH_STATUS_RATE": "7"})
+	if got := in.metric(t, fileResultRate); got != 0.001 {
+		t.Fatalf("%s at start = %v, want 0.001, the file's", fileResultRate, got)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	in.waitMetric(t, reloadsSuccess, 1, safety)
+	if got := in.metric(t, fileResultRate); got != DefaultLimits["file_result"].Rate {
+		t.Errorf("%s with the file empty = %v, want the default %v", fileResultRate, got, DefaultLimits["file_result"].Rate)
+	}
+	const batchRate = `mdproxy_limit_rate_requests_per_second{route="batch_status"}`
+	if got := in.metric(t, batchRate); got != 7 {
+		t.Errorf("%s with the file empty = %v, want 7, the environment's", batchRate, got)
+	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -48,11 +49,12 @@ import (
 // MDPROXY_SHUTDOWN_TIMEOUT; or a server's error. It leaves no goroutine behind. Several
 // Runs may serve in one process (each has its own registry), on distinct addresses.
 //
-// While it serves, Run reads the limits file (MDPROXY_LIMITS_FILE) again when it
-// changes and on each signal of WithReloadSignals: a good file puts its limits in
-// force at once, without a request dropped and without touching the bucket of a route
-// whose limit is the same; a bad one changes nothing. Each reload is logged and
-// counted (mdproxy_config_reloads_total).
+// While it serves, Run reads the limits file (MDPROXY_LIMITS_FILE) again once it
+// changed and settled (MDPROXY_LIMITS_FILE_SETTLE), and at once on each signal of
+// WithReloadSignals: a good file puts its limits in force without a request dropped
+// and without touching the bucket of a route whose limit is the same; a bad one
+// changes nothing; one identical to the file in force is no reload. Each reload is
+// logged and counted (mdproxy_config_reloads_total).
 func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr), opts ...Option) error {
 	var o runOptions
 	for _, opt := range opts {
@@ -119,17 +121,19 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		pb = br.b
 	}
 	h, err := proxy.New(proxy.Options{
-		Bridge:          pb,
-		Upstream:        cfg.upstream,
-		Transport:       tr,
-		Limits:          limits,
-		Metrics:         m,
-		LimitStatus:     cfg.LimitStatus,
-		TrustedProxies:  cfg.trusted,
-		UpstreamTimeout: topts.ResponseHeaderTimeout,
-		BodyIdleTimeout: topts.BodyIdleTimeout,
-		UploadReadBatch: cfg.UploadReadBatch,
-		Logger:          log,
+		Bridge:           pb,
+		Upstream:         cfg.upstream,
+		Transport:        tr,
+		Limits:           limits,
+		Metrics:          m,
+		LimitStatus:      cfg.LimitStatus,
+		TrustedProxies:   cfg.trusted,
+		ClientIPv6Prefix: cfg.ClientIPv6Prefix,
+		ClientIPv4Prefix: cfg.ClientIPv4Prefix,
+		UpstreamTimeout:  topts.ResponseHeaderTimeout,
+		BodyIdleTimeout:  topts.BodyIdleTimeout,
+		UploadReadBatch:  cfg.UploadReadBatch,
+		Logger:           log,
 	})
 	if err != nil {
 		return err
@@ -192,8 +196,9 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}
 	warnNoEffect(log, cfg.noEffect)
-	reloader := &limitsReloader{file: cfg.LimitsFile, environ: environ, log: log,
-		reloads: m.ConfigReloads, live: limits, proxy: h}
+	reloader := &limitsReloader{file: cfg.LimitsFile, environ: environ, settle: cfg.LimitsFileSettle,
+		clock: clockwork.NewRealClock(), log: log, reloads: m.ConfigReloads, live: limits, proxy: h,
+		inForce: cfg.limitsRead}
 	defer reloader.start(o.reloadSignals)()
 	if started != nil {
 		started(pl.Addr(), al.Addr())

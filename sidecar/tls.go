@@ -145,12 +145,13 @@ func validServerName(n string) bool {
 }
 
 // certReloader holds a certificate and its key read from two PEM files, and reads
-// both again when their content changed: at most once every interval, on the first
-// call of certificate after it, never in the background (no goroutine to stop). A
-// renewal that does not load (unreadable, not PEM, a key that is not the
-// certificate's) keeps the certificate held and is logged once; a file rewritten in
-// two steps (the certificate, then its key) may be logged so before it loads at the
-// next check. Kubernetes swaps a mounted Secret's files at once. It is safe for
+// both again: at most once every interval, on the first call of certificate after it,
+// never in the background (no goroutine to stop). A renewal is taken once it has
+// settled, read alike at two checks in a row: files written in place, or one after the
+// other, are not taken half-written (a chain cut after its leaf loads, and would be
+// served without its intermediates). A settled renewal that does not load (unreadable,
+// not PEM, a key that is not the certificate's) keeps the certificate held and is
+// logged once. Kubernetes swaps a mounted Secret's files at once. It is safe for
 // concurrent use once log is set.
 type certReloader struct {
 	certFile, keyFile string
@@ -164,9 +165,10 @@ type certReloader struct {
 	cert atomic.Pointer[tls.Certificate]
 	next atomic.Int64 // unix nanoseconds before which the files are not read again
 
-	mu                sync.Mutex // one check at a time; guards the fields below
-	certPEM, keyPEM   []byte     // what cert was loaded from
-	failCert, failKey []byte     // the last renewal rejected, not logged again
+	mu                sync.Mutex  // one check at a time; guards the fields below
+	certPEM, keyPEM   []byte      // what cert was loaded from
+	seen              certReading // the last check's reading, when it was not cert's
+	failCert, failKey []byte      // the last renewal rejected, not logged again
 	failErr           string
 }
 
@@ -244,21 +246,42 @@ func (r *certReloader) certificate() *tls.Certificate {
 	return r.cert.Load()
 }
 
+// certReading is one reading of both files: their content, or the error of reading
+// them.
+type certReading struct {
+	certPEM, keyPEM []byte
+	err             string
+}
+
+func (a certReading) same(b certReading) bool {
+	return bytes.Equal(a.certPEM, b.certPEM) && bytes.Equal(a.keyPEM, b.keyPEM) && a.err == b.err
+}
+
 // reload loads the files when their content is neither what the certificate held
-// came from nor the last renewal rejected. r.mu is held.
+// came from nor the last renewal rejected, and the last check read them alike (they
+// settled). r.mu is held.
 func (r *certReloader) reload() {
 	certPEM, keyPEM, err := r.read()
+	now := certReading{certPEM: certPEM, keyPEM: keyPEM}
+	if err != nil {
+		now.err = err.Error()
+	}
+	if err == nil && bytes.Equal(certPEM, r.certPEM) && bytes.Equal(keyPEM, r.keyPEM) {
+		r.seen = certReading{}
+		return
+	}
+	if !now.same(r.seen) {
+		r.seen = now // taken at the next check if it reads alike then
+		return
+	}
 	var cert *tls.Certificate
 	if err == nil {
-		if bytes.Equal(certPEM, r.certPEM) && bytes.Equal(keyPEM, r.keyPEM) {
-			return
-		}
 		cert, err = r.parse(certPEM, keyPEM)
 	}
-	now := r.now()
-	if err == nil && outOfDate(cert, now) != "" && outOfDate(r.cert.Load(), now) == "" {
+	at := r.now()
+	if err == nil && outOfDate(cert, at) != "" && outOfDate(r.cert.Load(), at) == "" {
 		// A step back: clients would refuse it where they take the one held.
-		err = &pairError{name: r.certVar, want: "want a certificate within its validity period: it is " + outOfDate(cert, now)}
+		err = &pairError{name: r.certVar, want: "want a certificate within its validity period: it is " + outOfDate(cert, at)}
 	}
 	log := r.log
 	if log == nil {
@@ -279,7 +302,7 @@ func (r *certReloader) reload() {
 			"err", err.Error(), "not_after", r.cert.Load().Leaf.NotAfter)
 		return
 	}
-	r.certPEM, r.keyPEM = certPEM, keyPEM
+	r.certPEM, r.keyPEM, r.seen = certPEM, keyPEM, certReading{}
 	r.failCert, r.failKey, r.failErr = nil, nil, ""
 	r.cert.Store(cert)
 	log.Info("certificate renewal loaded", "variable", EnvPrefix+r.certVar, "subject", cert.Leaf.Subject.String(),

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -184,10 +185,36 @@ func TestCertReloader(t *testing.T) {
 	now = now.Add(interval - time.Millisecond)
 	want("renewed, before the interval is over", first)
 	now = now.Add(time.Millisecond)
-	want("renewed, once the interval is over", second)
+	want("renewed, at the first check", first)
+	now = now.Add(interval)
+	want("renewed, at the second check that read it alike", second)
 	if !strings.Contains(logs.String(), `"msg":"certificate renewal loaded"`) {
 		t.Errorf("logs after a renewal = %q, want a %q line", logs.String(), "certificate renewal loaded")
 	}
+
+	// A chain written in place in parts, its leaf (whose key is in place) first: the
+	// leaf alone is never served, nor logged; the whole chain is, once it settled.
+	chained := ca.Issue(t, "chained", "127.0.0.1")
+	caPEM, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecartest.WriteFile(t, first.KeyFile, chained.KeyPEM)
+	sidecartest.WriteFile(t, first.CertFile, chained.CertPEM) // the intermediates yet to come
+	now = now.Add(interval)
+	want("the leaf of a chain, at the first check", second)
+	sidecartest.WriteFile(t, first.CertFile, append(append([]byte{}, chained.CertPEM...), caPEM...))
+	now = now.Add(interval)
+	want("the whole chain, at its first check", second)
+	now = now.Add(interval)
+	want("the whole chain, once settled", chained)
+	if n := len(r.certificate().Certificate); n != 2 {
+		t.Errorf("the whole chain, once settled: %d certificates served, want 2 (the leaf and its CA)", n)
+	}
+	if strings.Contains(logs.String(), "certificate renewal rejected") {
+		t.Errorf("logs = %s, want no renewal rejected for files written in parts", logs.String())
+	}
+	second = chained // the certificate held from here on
 
 	// Bad renewals keep the certificate, each logged once.
 	other := ca.Issue(t, "other")
@@ -202,7 +229,7 @@ func TestCertReloader(t *testing.T) {
 		sidecartest.WriteFile(t, first.CertFile, bad.certPEM)
 		sidecartest.WriteFile(t, first.KeyFile, bad.keyPEM)
 		before := strings.Count(logs.String(), "certificate renewal rejected")
-		for range 3 {
+		for range 3 { // seen, settled and rejected, rejected again
 			now = now.Add(interval)
 			want(bad.name, second)
 		}
@@ -222,7 +249,7 @@ func TestCertReloader(t *testing.T) {
 	} {
 		c.WriteTo(t, first.CertFile, first.KeyFile)
 		before := strings.Count(logs.String(), "certificate renewal rejected")
-		for range 2 {
+		for range 3 {
 			now = now.Add(interval)
 			want(c.Cert.Subject.CommonName+" renewal", second)
 		}
@@ -235,7 +262,9 @@ func TestCertReloader(t *testing.T) {
 	third := ca.Issue(t, "third", "127.0.0.1")
 	third.WriteTo(t, first.CertFile, first.KeyFile)
 	now = now.Add(interval)
-	want("good renewal after bad ones", third)
+	want("good renewal after bad ones, at its first check", second)
+	now = now.Add(interval)
+	want("good renewal after bad ones, settled", third)
 	if strings.Contains(logs.String(), "outside its validity period") {
 		t.Errorf("logs = %s, want no warning of a certificate in use out of date", logs.String())
 	}
@@ -247,7 +276,9 @@ func TestCertReloader(t *testing.T) {
 	expired := ca.IssueValid(t, "expired too", now.Add(-48*time.Hour), now.Add(-time.Hour), "127.0.0.1")
 	expired.WriteTo(t, first.CertFile, first.KeyFile)
 	now = now.Add(interval)
-	want("expired renewal of an expired certificate", expired)
+	want("expired renewal of an expired certificate, at its first check", third)
+	now = now.Add(interval)
+	want("expired renewal of an expired certificate, settled", expired)
 	if n := strings.Count(logs.String(), "the certificate in use is outside its validity period"); n != 2 {
 		t.Errorf("%d warnings of a certificate in use out of date, want 2: %s", n, logs.String())
 	}
@@ -431,16 +462,22 @@ func TestRunTLSToClients(t *testing.T) {
 		t.Errorf("upstream saw %q, want nothing new after %d requests", after, before)
 	}
 
-	// A renewal (both files rewritten) is served to the next connection.
+	// A renewal (both files rewritten) is served from the second connection on: the
+	// first finds it, the second finds it alike (settled).
 	second := ca.Issue(t, "mdproxy", "127.0.0.1")
 	second.WriteTo(t, first.CertFile, first.KeyFile)
+	if got := served("renewed, first check"); got.Cmp(first.Cert.SerialNumber) != 0 {
+		t.Errorf("after a renewal, first check: certificate served has serial %v, want the one before %v", got, first.Cert.SerialNumber)
+	}
 	if got := served("renewed"); got.Cmp(second.Cert.SerialNumber) != 0 {
 		t.Errorf("after a renewal: certificate served has serial %v, want the renewed %v", got, second.Cert.SerialNumber)
 	}
 	// A bad renewal keeps it, and says why.
 	sidecartest.WriteFile(t, first.KeyFile, []byte("not a key"))
-	if got := served("bad renewal"); got.Cmp(second.Cert.SerialNumber) != 0 {
-		t.Errorf("after a bad renewal: certificate served has serial %v, want the one before %v", got, second.Cert.SerialNumber)
+	for _, step := range []string{"bad renewal, first check", "bad renewal"} {
+		if got := served(step); got.Cmp(second.Cert.SerialNumber) != 0 {
+			t.Errorf("after a %s: certificate served has serial %v, want the one before %v", step, got, second.Cert.SerialNumber)
+		}
 	}
 
 	if err := in.stop(t); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -147,5 +148,146 @@ func TestBinaryClientKeysFreed(t *testing.T) {
 	}
 	if warnings == 0 || warnings > int(elapsed/time.Second)+1 {
 		t.Errorf("%d warnings of a full share in %v, want 1 to one a second", warnings, elapsed.Round(time.Second))
+	}
+}
+
+// pollsFrom sends one GET /file/x to p for each X-Forwarded-For value of clients, from
+// its own connection on loopback, and returns how many Core answered (200).
+func pollsFrom(t *testing.T, p *proc, clients ...string) (passed int) {
+	t.Helper()
+	c := sidecartest.NewClient(t)
+	for _, xff := range clients {
+		req, err := http.NewRequest(http.MethodGet, p.proxyURL+"/file/x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET /file/x (X-Forwarded-For %s): %v", xff, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			passed++
+		case http.StatusServiceUnavailable:
+		default:
+			t.Errorf("GET /file/x (X-Forwarded-For %s) = %d, want 200 or the limit answer", xff, resp.StatusCode)
+		}
+	}
+	return passed
+}
+
+// inPrefix returns the addresses prefix::1 to prefix::n.
+func inPrefix(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s::%x", prefix, i+1)
+	}
+	return out
+}
+
+// TestBinaryClientIPv6Prefix is issue 29's trial of a per-client share and IPv6
+// clients, against the binary behind a trusted proxy on loopback: at a client limit of
+// 2 per 10 s, eight clients of one /64 (2001:db8:1:2::1 to ::8, as X-Forwarded-For
+// tells them) get 2 requests through in all, not 8; a client of another /64 is not
+// affected; an IPv4 client written as an IPv4-mapped IPv6 address shares the key of its
+// IPv4 form. MDPROXY_CLIENT_IPV6_PREFIX=128 keys each address on its own, and 56
+// groups two /64s of one /56.
+func TestBinaryClientIPv6Prefix(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	env := func(prefix string) map[string]string {
+		e := map[string]string{
+			"MDPROXY_TRUSTED_PROXIES":           "127.0.0.1,::1",
+			"MDPROXY_FILE_RESULT_RATE":          "0", // no bucket: the share alone decides
+			"MDPROXY_FILE_RESULT_CLIENT_LIMIT":  "2",
+			"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "10s",
+		}
+		if prefix != "" {
+			e["MDPROXY_CLIENT_IPV6_PREFIX"] = prefix
+		}
+		return e
+	}
+
+	t.Run("default /64", func(t *testing.T) {
+		t.Parallel()
+		p := startBinary(t, up.URL, env(""))
+		if n := pollsFrom(t, p, inPrefix("2001:db8:1:2", 8)...); n != 2 {
+			t.Errorf("8 clients of 2001:db8:1:2::/64 at a client limit of 2: %d passed, want 2", n)
+		}
+		if n := pollsFrom(t, p, "2001:db8:1:3::1", "2001:db8:1:3::1"); n != 2 {
+			t.Errorf("a client of another /64, twice: %d passed, want 2 (not affected)", n)
+		}
+		if n := pollsFrom(t, p, "::ffff:203.0.113.9", "203.0.113.9", "::ffff:203.0.113.9"); n != 2 {
+			t.Errorf("203.0.113.9, twice as ::ffff:203.0.113.9 and once as itself: %d passed, want 2 (one key)", n)
+		}
+	})
+	t.Run("/128", func(t *testing.T) {
+		t.Parallel()
+		p := startBinary(t, up.URL, env("128"))
+		if n := pollsFrom(t, p, inPrefix("2001:db8:1:2", 8)...); n != 8 {
+			t.Errorf("8 clients of one /64, each its own key: %d passed, want 8", n)
+		}
+	})
+	t.Run("/56", func(t *testing.T) {
+		t.Parallel()
+		p := startBinary(t, up.URL, env("56"))
+		if n := pollsFrom(t, p, "2001:db8:1:2::1", "2001:db8:1:3::1", "2001:db8:1:4::1", "2001:db8:1:100::1"); n != 3 {
+			t.Errorf("3 clients of 2001:db8:1::/56 and one of another /56: %d passed, want 3", n)
+		}
+	})
+}
+
+// TestBinaryClientIPv6PrefixPeers is TestBinaryClientIPv6Prefix's default case with no
+// proxy in front: the clients' own source addresses, 2001:db8:1:2::1 to ::8 and
+// 2001:db8:1:3::1, which the machine must have on its loopback interface, e.g. as
+// root (and ip -6 addr del ... to remove them):
+//
+//	for a in 2001:db8:1:2::{1..8} 2001:db8:1:3::1; do ip -6 addr add $a/128 dev lo nodad; done
+//
+// It is skipped when it cannot send from them.
+func TestBinaryClientIPv6PrefixPeers(t *testing.T) {
+	t.Parallel()
+	clients := append(inPrefix("2001:db8:1:2", 8), "2001:db8:1:3::1")
+	for _, a := range clients {
+		l, err := net.Listen("tcp6", "["+a+"]:0")
+		if err != nil {
+			t.Skipf("cannot send from %s on this machine (%v): see the test's comment", a, err)
+		}
+		l.Close()
+	}
+	up := sidecartest.NewUpstream(t)
+	p := startBinary(t, up.URL, map[string]string{
+		"MDPROXY_LISTEN_ADDR":               "[2001:db8:1:2::1]:0",
+		"MDPROXY_FILE_RESULT_RATE":          "0",
+		"MDPROXY_FILE_RESULT_CLIENT_LIMIT":  "2",
+		"MDPROXY_FILE_RESULT_CLIENT_WINDOW": "10s",
+	})
+	poll := func(from string) int {
+		t.Helper()
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		tr := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr, Timeout: safety}).Get("http://" + p.proxyAddr + "/file/x")
+		if err != nil {
+			t.Fatalf("GET /file/x from %s: %v", from, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	passed := 0
+	for _, a := range clients[:8] {
+		if poll(a) == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 2 {
+		t.Errorf("8 clients of 2001:db8:1:2::/64 at a client limit of 2: %d passed, want 2", passed)
+	}
+	if code := poll(clients[8]); code != http.StatusOK {
+		t.Errorf("a client of another /64 = %d, want 200 (not affected)", code)
 	}
 }

@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -199,4 +203,195 @@ func findLine(t *testing.T, p *proc, msg string) map[string]any {
 		}
 	}
 	return nil
+}
+
+// configWatch polls the admin /config of p, as fast as it answers, and records each
+// limit of file_result it shows that differs from the one before, until stop.
+type configWatch struct {
+	mu   sync.Mutex
+	seen []string // "rate/burst", each a change from the one before
+	errs []error
+
+	stopOnce sync.Once
+	done     chan struct{}
+	finished chan struct{}
+}
+
+func watchConfig(t *testing.T, p *proc) *configWatch {
+	t.Helper()
+	w := &configWatch{done: make(chan struct{}), finished: make(chan struct{})}
+	c := sidecartest.NewClient(t)
+	go func() {
+		defer close(w.finished)
+		for {
+			select {
+			case <-w.done:
+				return
+			default:
+				w.poll(c, p)
+			}
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+// poll reads /config once and records what it shows.
+func (w *configWatch) poll(c *http.Client, p *proc) {
+	var cfg struct {
+		Routes map[string]struct {
+			Rate  float64 `json:"rate_per_s"`
+			Burst int     `json:"burst"`
+		} `json:"routes"`
+	}
+	resp, err := c.Get(p.adminURL + "/config")
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&cfg)
+		resp.Body.Close()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.errs = append(w.errs, err)
+		return
+	}
+	l := fmt.Sprintf("%g/%d", cfg.Routes["file_result"].Rate, cfg.Routes["file_result"].Burst)
+	if len(w.seen) == 0 || w.seen[len(w.seen)-1] != l {
+		w.seen = append(w.seen, l)
+	}
+}
+
+// stop ends the polling and waits for it.
+func (w *configWatch) stop() {
+	w.stopOnce.Do(func() { close(w.done) })
+	<-w.finished
+}
+
+// check stops the polling, reads /config once more (what is in force now: the last
+// poll may have begun before it), and checks that the limits /config showed were want,
+// in order, and that it answered every time.
+func (w *configWatch) check(t *testing.T, p *proc, when string, want ...string) {
+	t.Helper()
+	w.stop()
+	w.poll(sidecartest.NewClient(t), p)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.errs) > 0 {
+		t.Errorf("%s: GET /config failed %d times, first: %v", when, len(w.errs), w.errs[0])
+	}
+	if !slices.Equal(w.seen, want) {
+		t.Errorf("%s: file_result's limits in /config went %v, want %v", when, w.seen, want)
+	}
+}
+
+// writeInPlace rewrites the file at path in place as issue 29's trial did: truncated,
+// then first written after pause, then the rest after another pause.
+func writeInPlace(t *testing.T, path, first, rest string, pause time.Duration) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, part := range []string{first, rest} {
+		time.Sleep(pause) // the writer's own pause, the trial's input: nothing waits on it
+		if _, err := f.WriteString(part); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLimitsFileWrittenInPlace replays issue 29's trial against the binary at its
+// default settle time (MDPROXY_LIMITS_FILE_SETTLE, 1s): the limits file rewritten in
+// place (truncated, part of a line written after a pause, the rest after another) with pauses
+// of 0.15 s and 0.4 s. /config never shows the empty file's defaults (10/20) nor the
+// torn file's limits (1/20): rewritten with the same content, nothing changes and no
+// reload is counted; rewritten with a new content, it changes once, to the whole file.
+// A rewrite with the same content leaves the route's bucket as it was (empty here).
+func TestLimitsFileWrittenInPlace(t *testing.T) {
+	t.Parallel()
+	up := sidecartest.NewUpstream(t)
+	const (
+		// The trial's parts: the first a line cut short (RATE=1), the rest its end.
+		trialFirst = "MDPROXY_FILE_RESULT_RATE=1"
+		trialRest  = "00\nMDPROXY_FILE_RESULT_BURST=100\n"
+		rateSlow   = "MDPROXY_FILE_RESULT_RATE=0.001\n"
+		burst5     = "MDPROXY_FILE_RESULT_BURST=5\n"
+		reloaded   = `"msg":"limits reloaded"`
+		// on the line of each reading of the file once settled, a reload or not
+		settled = `"trigger":"file changed"`
+	)
+	path := filepath.Join(t.TempDir(), "limits.env")
+	if err := os.WriteFile(path, []byte(trialFirst+trialRest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, up.URL, map[string]string{"MDPROXY_LIMITS_FILE": path, "MDPROXY_LOG_LEVEL": "debug"})
+	const (
+		success = `mdproxy_config_reloads_total{result="success"}`
+		failed  = `mdproxy_config_reloads_total{result="error"}`
+	)
+	// waitLines waits for the n-th log line holding text.
+	waitLines := func(text string, n int) {
+		t.Helper()
+		select {
+		case <-p.logs.WrittenN(text, n):
+		case <-p.exited:
+			t.Fatalf("mdproxy exited (%v) before logging %q %d times; stderr:\n%s", p.exitErr, text, n, p.logs)
+		case <-time.After(safety):
+			t.Fatalf("mdproxy did not log %q %d times within %v; stderr:\n%s", text, n, safety, p.logs)
+		}
+	}
+
+	readings := 0
+	for _, pause := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond} {
+		w := watchConfig(t, p)
+		writeInPlace(t, path, trialFirst, trialRest, pause)
+		readings++
+		waitLines(settled, readings)
+		w.check(t, p, fmt.Sprintf("the same file rewritten in place, pauses of %v", pause), "100/100")
+		for series, want := range map[string]float64{success: 0, failed: 0} {
+			if got := p.metric(t, series); got != want {
+				t.Errorf("pauses of %v: %s = %v, want %v", pause, series, got, want)
+			}
+		}
+	}
+
+	// A new content, written in place in parts: one change, to the whole file.
+	w := watchConfig(t, p)
+	writeInPlace(t, path, rateSlow, burst5, 400*time.Millisecond)
+	readings++
+	waitLines(settled, readings)
+	w.check(t, p, "a new file written in place, pauses of 400ms", "100/100", "0.001/5")
+	if got := p.metric(t, success); got != 1 {
+		t.Errorf("after a new file: %s = %v, want 1", success, got)
+	}
+
+	// Its bucket emptied, then the same content written in place again: the bucket
+	// stays empty, as it would be after no write at all.
+	c := sidecartest.NewClient(t)
+	codes := make([]int, 6)
+	for i := range codes {
+		codes[i], _ = sidecartest.Get(t, c, p.proxyURL+"/file/x")
+	}
+	if codes[5] != http.StatusServiceUnavailable {
+		t.Fatalf("6 polls at rate 0.001, burst 5 = %v, want the 6th refused", codes)
+	}
+	w = watchConfig(t, p)
+	writeInPlace(t, path, rateSlow, burst5, 400*time.Millisecond)
+	readings++
+	waitLines(settled, readings)
+	w.check(t, p, "the same file written in place again", "0.001/5")
+	// A new, full bucket would let the next poll through.
+	if code, _ := sidecartest.Get(t, c, p.proxyURL+"/file/x"); code != http.StatusServiceUnavailable {
+		t.Errorf("poll after the same file was written again = %d, want 503: the bucket kept, still empty", code)
+	}
+	if got := p.metric(t, success); got != 1 {
+		t.Errorf("after the same file again: %s = %v, want 1", success, got)
+	}
+	if n, u := strings.Count(p.logs.String(), reloaded), strings.Count(p.logs.String(), `"msg":"limits file unchanged`); n != 1 || u != 3 {
+		t.Errorf("%d %q lines and %d of the file unchanged, want 1 and 3", n, reloaded, u)
+	}
 }

@@ -39,6 +39,7 @@ type LogBuffer struct {
 
 type logWait struct {
 	text string
+	left int // lines containing text still to come
 	ch   chan struct{}
 }
 
@@ -50,6 +51,9 @@ func (b *LogBuffer) Write(p []byte) (int, error) {
 	kept := b.waits[:0]
 	for _, w := range b.waits {
 		if bytes.Contains(p, []byte(w.text)) {
+			w.left--
+		}
+		if w.left <= 0 {
 			close(w.ch)
 		} else {
 			kept = append(kept, w)
@@ -60,14 +64,23 @@ func (b *LogBuffer) Write(p []byte) (int, error) {
 }
 
 // Written returns a channel closed once a line containing text has been written.
-func (b *LogBuffer) Written(text string) <-chan struct{} {
+func (b *LogBuffer) Written(text string) <-chan struct{} { return b.WrittenN(text, 1) }
+
+// WrittenN returns a channel closed once n lines containing text have been written, in
+// all (those written before the call count).
+func (b *LogBuffer) WrittenN(text string, n int) <-chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ch := make(chan struct{})
-	if bytes.Contains(b.buf.Bytes(), []byte(text)) {
+	for line := range bytes.Lines(b.buf.Bytes()) {
+		if bytes.Contains(line, []byte(text)) {
+			n--
+		}
+	}
+	if n <= 0 {
 		close(ch)
 	} else {
-		b.waits = append(b.waits, logWait{text, ch})
+		b.waits = append(b.waits, logWait{text: text, left: n, ch: ch})
 	}
 	return ch
 }
