@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -233,15 +234,48 @@ scrape_configs:
 		t.Fatalf("mdbench: %v\n%s", err, out)
 	}
 	t.Logf("mdbench:\n%s", out)
-	for range 5 {
-		c := &http.Client{Timeout: time.Millisecond}
-		if resp, err := c.Get(proxyURL + "/file/gone"); err == nil {
-			resp.Body.Close()
+	// Clients that go away while Core answers (499, kind canceled). Whether a client with
+	// a short timeout leaves while Core answers, or before its request reached mdproxy,
+	// or after the answer, is timing: clients with timeouts of 1 to 8 ms come until
+	// mdproxy has counted one.
+	waitFor(t, "a client gone while Core answered (mdproxy_upstream_errors_total)", func() bool {
+		for i := 1; i <= 8; i++ {
+			c := &http.Client{Timeout: time.Duration(i) * time.Millisecond}
+			if resp, err := c.Get(proxyURL + "/file/gone"); err == nil {
+				resp.Body.Close()
+			}
 		}
-	}
-	// Let a few more scrapes and rule evaluations happen.
-	time.Sleep(5 * time.Second)
+		return hasMetric(t, proxyAdmin, "mdproxy_upstream_errors_total", "")
+	})
 
+	// Core's own 503 (its scan queue full): the data set's Office files (.docx, .xlsx,
+	// .pptx, .xltx; not its manifest) come twice at once, more than the emulator's queue
+	// of 60 holds, until mdproxy has relayed one.
+	files, err := filepath.Glob(filepath.Join(dir, "data", "*", "*.*x"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("the data set's files: %v, %v", files, err)
+	}
+	waitFor(t, "Core's own 503 relayed (mdproxy_upstream_responses_total, code 503)", func() bool {
+		var wg sync.WaitGroup
+		for _, f := range append(files, files...) {
+			wg.Go(func() {
+				body, err := os.ReadFile(f)
+				if err != nil {
+					return
+				}
+				if resp, err := http.Post(proxyURL+"/file", "application/octet-stream", bytes.NewReader(body)); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+		return hasMetric(t, proxyAdmin, "mdproxy_upstream_responses_total", `code="503"`)
+	})
+
+	// Every panel, the bridge's use and every recording rule have data once Prometheus
+	// has scraped twice (a rate needs two samples) and evaluated the rules after that:
+	// each query is asked again until it has data.
 	d := loadDashboard(t)
 	queries := panelQueries(d)
 	names := slices.Sorted(func(yield func(string) bool) {
@@ -252,18 +286,8 @@ scrape_configs:
 		}
 	})
 	for _, name := range names {
-		q := queries[name]
-		var n int
-		var qerr error
-		// A recording rule may need one more evaluation; retry briefly before failing.
-		for range 10 {
-			if n, qerr = promQuery(t, promURL, q); qerr == nil && n > 0 {
-				break
-			}
-			time.Sleep(time.Second)
-		}
-		if qerr != nil || n == 0 {
-			t.Errorf("panel %q: query %s returned %d series, %v; want data", name, q, n, qerr)
+		if n, err := promQueryData(t, promURL, queries[name]); err != nil || n == 0 {
+			t.Errorf("panel %q: query %s returned %d series, %v; want data", name, queries[name], n, err)
 		}
 	}
 	// The bridge did its work: callbacks stored, polls answered without Core.
@@ -271,12 +295,12 @@ scrape_configs:
 		`sum(mdproxy_bridge_callbacks_total{outcome="stored"}) > 0`,
 		`sum(mdproxy_bridge_polls_total{source=~"store|pending"}) > 0`,
 	} {
-		if n, err := promQuery(t, promURL, q); err != nil || n == 0 {
+		if n, err := promQueryData(t, promURL, q); err != nil || n == 0 {
 			t.Errorf("%s: %d series, %v; want the bridge on and used", q, n, err)
 		}
 	}
 	for _, rule := range recordingRules(t) {
-		if n, err := promQuery(t, promURL, rule); err != nil || n == 0 {
+		if n, err := promQueryData(t, promURL, rule); err != nil || n == 0 {
 			t.Errorf("recording rule %s returned %d series, %v; want data", rule, n, err)
 		}
 	}
@@ -348,13 +372,48 @@ scrape_configs:
 // waitFor polls cond for up to 30 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("waited 30 s for %s", what)
+			t.Fatalf("waited 60 s for %s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// promQueryData asks Prometheus q until it returns at least one series, for up to 60 s
+// (scrapes and rule evaluations come every second, later on a loaded machine), and
+// returns the last answer.
+func promQueryData(t *testing.T, base, q string) (n int, err error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if n, err = promQuery(t, base, q); (err == nil && n > 0) || time.Now().After(deadline) {
+			return n, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// hasMetric reports whether the /metrics page at admin has a sample of the metric name
+// whose labels contain label ("" for any).
+func hasMetric(t *testing.T, admin, name, label string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if (strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ")) && strings.Contains(line, label) {
+			return true
+		}
+	}
+	return false
 }
 
 // countSeries returns the number of samples (series) of the /metrics page at admin.
