@@ -88,6 +88,7 @@ func TestBucketConcurrentFlood(t *testing.T) {
 	)
 	clock := &tickingClock{FakeClock: newClock(), tick: tick}
 	b := mustBucket(t, limiter.Limit{Rate: rate, Burst: burst}, clock)
+	built := clock.ticks.Load() // the bucket's own first reading, its time's origin
 	var accepted atomic.Int64
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -103,7 +104,7 @@ func TestBucketConcurrentFlood(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	elapsed := time.Duration(clock.ticks.Load()) * tick
+	elapsed := time.Duration(clock.ticks.Load()-built) * tick
 	want := burst + rate*elapsed.Seconds()
 	if got := float64(accepted.Load()); math.Abs(got-want) > 1 {
 		t.Errorf("accepted over %v from %d goroutines = %v, want %v ± 1", elapsed, goroutines, got, want)
@@ -505,12 +506,11 @@ func TestClientShare(t *testing.T) {
 				if d.Outcome != limiter.RejectedClient {
 					t.Fatalf("Acquire(%s) #%d = %v, want rejected_client", client, 4+i, d.Outcome)
 				}
-				// The 3 requests of this window weigh under 2.5 (limit - 0.5, as allow
-				// rounds) a sixth into the next: a window and 10 minutes.
-				if want := window + 10*time.Minute + 1; d.RetryAfter != want {
+				// A token of 3 an hour comes back every 20 minutes.
+				if want := 20 * time.Minute; d.RetryAfter != want {
 					t.Errorf("Acquire(%s).RetryAfter = %v, want %v", client, d.RetryAfter, want)
 				}
-				if got, want := d.RetryAfterSeconds(), 4200; got != want {
+				if got, want := d.RetryAfterSeconds(), 1200; got != want {
 					t.Errorf("Acquire(%s).RetryAfterSeconds() = %d, want %d", client, got, want)
 				}
 			}
@@ -524,13 +524,16 @@ func TestClientShare(t *testing.T) {
 			t.Fatalf("Acquire(a) #1 = %v, want allowed", d.Outcome)
 		}
 		d := acquire(b, "a")
-		if d.Outcome != limiter.RejectedClient || d.RetryAfter != 1500*time.Millisecond+time.Nanosecond {
-			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1.5s (the next window, once its request weighs under 0.5)", d)
+		if d.Outcome != limiter.RejectedClient || d.RetryAfter != time.Second {
+			t.Errorf("Acquire(a) #2 = %+v, want rejected_client with RetryAfter 1s (its token back a window later)", d)
 		}
-		// Two seconds later the first request weighs nothing: the window is a second.
-		clock.Advance(2 * time.Second)
+		clock.Advance(time.Second - 1)
+		if d := acquire(b, "a"); d.Outcome != limiter.RejectedClient {
+			t.Errorf("Acquire(a) a nanosecond before a second later = %+v, want rejected_client", d)
+		}
+		clock.Advance(1)
 		if d := acquire(b, "a"); d.Outcome != limiter.Allowed {
-			t.Errorf("Acquire(a) 2s later = %+v, want allowed (a window of 1s)", d)
+			t.Errorf("Acquire(a) a second later = %+v, want allowed (a window of 1s)", d)
 		}
 		if got := b.Limit().ClientWindow; got != 0 {
 			t.Errorf("Limit().ClientWindow = %v, want 0 as configured", got)
@@ -922,17 +925,12 @@ func TestOutcomes(t *testing.T) {
 	}
 }
 
-// TestClientSlidingWindow checks the per-client share's sliding window on the fake
-// clock, a share of 2 a second: the third request in a window is refused; in the next
-// window the requests of the one before weigh by the part of it still inside the
-// sliding window (all of it at the start, half of it halfway through), and two windows
-// later they weigh nothing.
-func TestClientSlidingWindow(t *testing.T) {
-	clock := newClock() // epoch starts a window
+// TestClientShareGCRA checks the per-client share's token bucket on the fake clock, a
+// share of 2 a second: two requests at once, then one each half second (its interval),
+// and a refusal's RetryAfter is exactly the time until the client's next token.
+func TestClientShareGCRA(t *testing.T) {
+	clock := newClock()
 	b := mustBucket(t, limiter.Limit{ClientLimit: 2, ClientWindow: time.Second}, clock)
-	// retry is a refusal's Retry-After: until the estimate falls under 1.5 (2 - 0.5, as
-	// the count rounds), when the next request fits: a nanosecond past the instant it is
-	// 1.5.
 	steps := []struct {
 		at     time.Duration // since epoch
 		client string
@@ -941,22 +939,20 @@ func TestClientSlidingWindow(t *testing.T) {
 	}{
 		{0, "a", limiter.Allowed, 0},
 		{0, "a", limiter.Allowed, 0},
-		{0, "a", limiter.RejectedClient, 1250*time.Millisecond + 1}, // the third in the window
-		{0, "b", limiter.Allowed, 0},                                // clients are counted apart
-		{999 * time.Millisecond, "a", limiter.RejectedClient, 251*time.Millisecond + 1},
-		// Next window: a's 2 requests weigh 2 at its start, 1.5 a quarter in (rounded
-		// to 2, as httprate rounds), 1 halfway: room for one more.
-		{time.Second, "a", limiter.RejectedClient, 250*time.Millisecond + 1},
-		{1250 * time.Millisecond, "a", limiter.RejectedClient, time.Nanosecond},
-		{1500 * time.Millisecond, "a", limiter.Allowed, 0},
-		{1500 * time.Millisecond, "a", limiter.RejectedClient, 250*time.Millisecond + 1}, // 1 + 1 counted in this window
-		{1500 * time.Millisecond, "b", limiter.Allowed, 0},                               // b's 1 weighs 0.5, rounded to 1
-		{1500 * time.Millisecond, "b", limiter.RejectedClient, time.Nanosecond},
-		{1750*time.Millisecond + time.Nanosecond, "a", limiter.Allowed, 0}, // its Retry-After later
-		// Two windows after its last request a client's count weighs nothing.
-		{4 * time.Second, "a", limiter.Allowed, 0},
-		{4 * time.Second, "a", limiter.Allowed, 0},
-		{4 * time.Second, "a", limiter.RejectedClient, 1250*time.Millisecond + 1},
+		{0, "a", limiter.RejectedClient, 500 * time.Millisecond}, // the burst is used up
+		{0, "b", limiter.Allowed, 0},                             // clients are counted apart
+		{499 * time.Millisecond, "a", limiter.RejectedClient, time.Millisecond},
+		{500 * time.Millisecond, "a", limiter.Allowed, 0}, // its first token back
+		{500 * time.Millisecond, "a", limiter.RejectedClient, 500 * time.Millisecond},
+		// Three within the second [0, 1s): 2*limit-1, the most any window holds.
+		{time.Second, "a", limiter.Allowed, 0},
+		{1200 * time.Millisecond, "b", limiter.Allowed, 0}, // b's bucket is full again
+		{1200 * time.Millisecond, "b", limiter.Allowed, 0},
+		{1200 * time.Millisecond, "b", limiter.RejectedClient, 500 * time.Millisecond},
+		// A second after its last token was taken a client's bucket is full again.
+		{2500 * time.Millisecond, "a", limiter.Allowed, 0},
+		{2500 * time.Millisecond, "a", limiter.Allowed, 0},
+		{2500 * time.Millisecond, "a", limiter.RejectedClient, 500 * time.Millisecond},
 	}
 	for i, s := range steps {
 		clock.Advance(s.at - clock.Since(epoch))
