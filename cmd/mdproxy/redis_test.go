@@ -222,7 +222,7 @@ func TestReplicasShareLimit(t *testing.T) {
 		}
 	}
 	rdb := srv.Client(t)
-	if keys, err := rdb.Keys(context.Background(), "rate:mdproxy:limit:file_result:*").Result(); err != nil || len(keys) != 1 {
+	if keys, err := rdb.Keys(context.Background(), "mdproxy:limit:file_result:*").Result(); err != nil || len(keys) != 1 {
 		t.Errorf("the route's bucket is not in Redis after the return: KEYS = %q, %v", keys, err)
 	}
 }
