@@ -29,14 +29,21 @@ type replica struct {
 }
 
 // newReplica builds the limits of one replica on srv for limits, with o's settings (a
-// short RetryEvery unless o sets it) and clock (nil: real).
+// short RetryEvery unless o sets it) and clock (nil: real). Its calls have 10 s each
+// unless o sets Timeout, so that none is decided by the local bucket because the
+// machine is loaded: the tests of fallback stop Redis (a call then fails at once) or
+// set a Timeout.
 func newReplica(t testing.TB, srv *redistest.Server, limits map[string]limiter.Limit, o limiter.RedisOptions, clock clockwork.Clock) replica {
 	t.Helper()
+	const patience = 10 * time.Second
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
-		DialTimeout: 50 * time.Millisecond, ReadTimeout: 50 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+		DialTimeout: patience, ReadTimeout: patience, WriteTimeout: patience})
 	t.Cleanup(func() { rdb.Close() })
 	if o.RetryEvery == 0 {
 		o.RetryEvery = 200 * time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = patience
 	}
 	shared := limiter.NewRedis(rdb, o)
 	set, err := limiter.NewSet(limits, clock, limiter.WithRedis(shared))
@@ -46,21 +53,15 @@ func newReplica(t testing.TB, srv *redistest.Server, limits map[string]limiter.L
 	return replica{set, shared}
 }
 
-// newPatientReplica is newReplica for a test that counts what Redis decides: its calls
-// have a minute each, so that none is decided by the local bucket because the machine
-// is loaded; a real clock.
-func newPatientReplica(t testing.TB, srv *redistest.Server, limits map[string]limiter.Limit, o limiter.RedisOptions) replica {
+// untilWaiting waits until clock holds a timer: a request waiting for its token. It
+// fails t after blockTimeout, a bound only a broken limiter reaches.
+func untilWaiting(t testing.TB, clock *clockwork.FakeClock) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
-		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	t.Cleanup(func() { rdb.Close() })
-	o.Timeout = time.Minute
-	shared := limiter.NewRedis(rdb, o)
-	set, err := limiter.NewSet(limits, nil, limiter.WithRedis(shared))
-	if err != nil {
-		t.Fatalf("NewSet(%v, WithRedis) = %v", limits, err)
+	ctx, cancel := context.WithTimeout(context.Background(), blockTimeout)
+	defer cancel()
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("no request waits on the clock after %v: %v", blockTimeout, err)
 	}
-	return replica{set, shared}
 }
 
 // flood sends requests of client to route on each replica from one goroutine per
@@ -140,10 +141,9 @@ func TestRedisRateShared(t *testing.T) {
 	srv := redistest.Start(t)
 	const rate, burst = 5, 5
 	limits := map[string]limiter.Limit{"file_result": {Rate: rate, Burst: burst}}
-	// Patient: a call decided by a replica's local bucket would add its share.
 	reps := []replica{
-		newPatientReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}),
-		newPatientReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}),
+		newReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}, nil),
+		newReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}, nil),
 	}
 	stop := make(chan struct{})
 	start := time.Now()
@@ -281,9 +281,7 @@ func TestRedisWaitOnClock(t *testing.T) {
 	}
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- l.Acquire(ctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(time.Second)
 	d := <-got
 	if d.Outcome != limiter.Delayed || d.Waited < 900*time.Millisecond || d.Waited > time.Second {
@@ -294,17 +292,13 @@ func TestRedisWaitOnClock(t *testing.T) {
 	// token goes back: a fourth waits no longer than the third would have.
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { got <- l.Acquire(cctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	cancel()
 	if d := <-got; d.Outcome != limiter.Canceled {
 		t.Errorf("third request, canceled: %v, want canceled", d.Outcome)
 	}
 	go func() { got <- l.Acquire(ctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(2 * time.Second)
 	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > 2*time.Second {
 		t.Errorf("fourth request: %v after %v, want delayed at most 2s (the third's token given back)", d.Outcome, d.Waited)
@@ -333,9 +327,7 @@ func TestRedisWithMaxWait(t *testing.T) {
 	}
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- l.Acquire(limiter.WithMaxWait(ctx, 2*time.Second), "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(time.Second)
 	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > time.Second {
 		t.Errorf("request, bound 2s, after three refused: %+v, want delayed at most 1s (the refused took nothing)", d)

@@ -178,9 +178,7 @@ func TestRedisGiveBackAcrossReplicas(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- lb.Acquire(cctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	// a sees b's token taken: its turn is 2 s away.
 	if d := la.Acquire(limiter.WithMaxWait(ctx, 0), ""); d.Outcome != limiter.Rejected || d.RetryAfter < 1500*time.Millisecond {
 		t.Fatalf("a's request while b waits: %+v, want rejected about 2s from its token", d)
@@ -209,7 +207,7 @@ func TestRedisClockSteppedBack(t *testing.T) {
 	// The client: 3 tokens at 3 per 0.6 s: 0.6 s ahead at most.
 	limits := map[string]limiter.Limit{"file_result": {Rate: 10, Burst: 2, MaxWait: 100 * time.Millisecond,
 		ClientLimit: 3, ClientWindow: 600 * time.Millisecond}}
-	r := newPatientReplica(t, srv, limits, limiter.RedisOptions{})
+	r := newReplica(t, srv, limits, limiter.RedisOptions{}, nil)
 	ctx := limiter.WithMaxWait(context.Background(), 0) // decide at once: never wait
 	l := r.set.Limiter("file_result")
 	if d := l.Acquire(ctx, "k"); d.Outcome != limiter.Allowed {
@@ -265,10 +263,9 @@ func TestRedisClientShareBound(t *testing.T) {
 	srv := redistest.Start(t)
 	const limit, window = 3, 300 * time.Millisecond
 	limits := map[string]limiter.Limit{"file_result": {ClientLimit: limit, ClientWindow: window}}
-	// No call may miss its timeout and be decided by a local bucket, whatever the load.
 	reps := []replica{
-		newPatientReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}),
-		newPatientReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}),
+		newReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}, nil),
+		newReplica(t, srv, limits, limiter.RedisOptions{Replicas: 2}, nil),
 	}
 	type pass struct{ sent, answered time.Time }
 	var mu sync.Mutex
