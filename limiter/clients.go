@@ -155,8 +155,10 @@ func (c *clientShare) giveBack(key string) {
 // sweepNow is the timer's function.
 func (c *clientShare) sweepNow() { c.sweep(int64(c.clock.Now().Sub(c.base))) }
 
-// sweep frees the keys whose bucket is full at now (tat at or before now). When some
-// are, it replaces the map by one holding only the others (nil when none is). It
+// sweep frees the keys whose bucket is full at now (tat at or before now). The timer's
+// goroutine may read now before requests taken later reach the map, so now may be
+// older than theirs: a key full at now is full then too. When some are freed, it
+// replaces the map by one holding only the others (nil when none is). It
 // schedules the next sweep while keys remain and stops the timer otherwise. It warns
 // once about the requests left untracked since the last warning, if any.
 func (c *clientShare) sweep(now int64) {
@@ -173,7 +175,7 @@ func (c *clientShare) sweep(now int64) {
 			keys = make(map[uint64]int64, live)
 			for h, tat := range c.keys {
 				if tat > now {
-					keys[h] = c.limit.clamp(tat, now)
+					keys[h] = tat // not clamped: now may be older than the last request's
 				}
 			}
 		}
