@@ -121,20 +121,23 @@ type restoreCounts struct{ route, client atomic.Uint64 }
 // restoreLogEvery is how often, at most, a replica logs that it restored lost keys.
 const restoreLogEvery = time.Minute
 
-// RestoreKinds are the kinds of key Restores reports: a route's bucket, a client's
-// share. They are the values of the metric label that tells them apart.
-var RestoreKinds = []string{"route", "client"}
+// The kinds of key that Restores reports, the values of the metric label that tells
+// them apart.
+const (
+	restoreRoute  = "route"  // a route's bucket
+	restoreClient = "client" // a client's share
+)
 
-// Restores calls f for each route with a bucket on Redis and each of RestoreKinds: the
-// keys of that kind that this replica found lost in Redis (evicted, flushed, Redis
-// restarted empty) while its view of them was still ahead, and restored, since the
-// start. Safe for concurrent use.
+// Restores calls f for each route with a bucket on Redis and each kind of key, "route"
+// (the route's bucket) and "client" (its clients' shares): the keys of that kind that
+// this replica found lost in Redis (evicted, flushed, Redis restarted empty) while its
+// view of them was still ahead, and restored, since the start. Safe for concurrent use.
 func (r *Redis) Restores(f func(route, kind string, n uint64)) {
 	r.restoresMu.Lock()
 	defer r.restoresMu.Unlock()
 	for route, c := range r.restores {
-		f(route, RestoreKinds[0], c.route.Load())
-		f(route, RestoreKinds[1], c.client.Load())
+		f(route, restoreRoute, c.route.Load())
+		f(route, restoreClient, c.client.Load())
 	}
 }
 
@@ -150,9 +153,9 @@ func (r *Redis) restoreCountsOf(route string) *restoreCounts {
 	return c
 }
 
-// restored records that a key of route (kind: RestoreKinds) was lost and restored:
-// counted, and logged at most once every restoreLogEvery with the restores since the
-// last line.
+// restored logs that a key of route (kind: restoreRoute or restoreClient) was lost and
+// restored, at most once every restoreLogEvery, with the restores since the last line
+// (the caller counts it in the route's restoreCounts).
 func (r *Redis) restored(route, kind string) {
 	r.unlogged.Add(1)
 	now := int64(time.Since(r.started))
@@ -407,7 +410,7 @@ func (b *RedisBucket) runRoute(ctx context.Context, cost int) (gcraResult, error
 	b.view.store(res.view)
 	if res.restored {
 		b.restores.route.Add(1)
-		b.r.restored(b.route, RestoreKinds[0])
+		b.r.restored(b.route, restoreRoute)
 	}
 	return res, nil
 }
@@ -423,7 +426,7 @@ func (b *RedisBucket) runClient(ctx context.Context, client string, cost int) (g
 	b.clients.put(h, res)
 	if res.restored {
 		b.restores.client.Add(1)
-		b.r.restored(b.route, RestoreKinds[1])
+		b.r.restored(b.route, restoreClient)
 	}
 	return res, nil
 }
