@@ -289,9 +289,11 @@ func (s *RedisStore) done(err error) bool {
 	s.failures.Add(1)
 	if _, ok := errors.AsType[redis.Error](err); ok {
 		// Redis answered, and refused: it is up. Logged at most once a replyErrorLogEvery.
+		// A last line "in the future" means the clock stepped back: logged, rather than
+		// silenced until the clock catches up.
 		now := time.Now().UnixNano()
 		last := s.lastReplyLog.Load()
-		if now-last >= int64(replyErrorLogEvery) && s.lastReplyLog.CompareAndSwap(last, now) {
+		if since := now - last; (since < 0 || since >= int64(replyErrorLogEvery)) && s.lastReplyLog.CompareAndSwap(last, now) {
 			s.log.Warn("bridge: Redis refused a call of the result store", "err", err)
 		}
 		return false

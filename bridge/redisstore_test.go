@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -795,4 +796,29 @@ func BenchmarkRedisPoll(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRedisRefusalLogClockStepBack: the lines about Redis refusing a call are sampled
+// by their last instant on the wall clock; a clock stepped back (that instant an hour
+// ahead) must not silence them until the clock catches up.
+func TestRedisRefusalLogClockStepBack(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	if err := rdb.Set(ctx, "text", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	refusal := rdb.Incr(ctx, "text").Err() // Redis's own error reply
+	if _, ok := refusal.(redis.Error); !ok {
+		t.Fatalf("INCR of a text = %v, want an error reply of Redis", refusal)
+	}
+	var logs bytes.Buffer // done logs from this goroutine
+	s := &RedisStore{log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	s.done(refusal)
+	s.done(refusal) // within replyErrorLogEvery: sampled out
+	s.lastReplyLog.Store(time.Now().Add(time.Hour).UnixNano())
+	s.done(refusal)
+	if n := strings.Count(logs.String(), "Redis refused a call"); n != 2 {
+		t.Errorf("%d lines of Redis refusing, want 2: the first, and the first after the clock stepped back an hour", n)
+	}
 }

@@ -188,6 +188,8 @@ var knownMetrics = []string{
 	"mdproxy_bridge_pending_ids", "mdproxy_bridge_store_entries", "mdproxy_bridge_store_bytes", "mdproxy_build_info",
 	// Issue 12.
 	"mdproxy_limiter_mode", "mdproxy_redis_request_duration_seconds", "mdproxy_redis_errors_total",
+	// Issue 29.
+	"mdproxy_limiter_redis_restores_total",
 }
 
 // histogramSeries are the series names a histogram adds to its own.

@@ -32,7 +32,7 @@ func BenchmarkAcquireReject(b *testing.B) {
 	benchAcquire(b, bucket, limiter.Rejected, oneClient)
 }
 
-// BenchmarkAcquireClient is the per-client path (the sliding window) in front of an allowing
+// BenchmarkAcquireClient is the per-client path (a GCRA per key) in front of an allowing
 // global bucket, over 1024 client keys whose share is never used up.
 func BenchmarkAcquireClient(b *testing.B) {
 	bucket := mustBucket(b, limiter.Limit{Rate: limiter.MaxRate, Burst: 1 << 40, ClientLimit: math.MaxInt32, ClientWindow: time.Minute}, nil)

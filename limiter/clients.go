@@ -3,7 +3,6 @@ package limiter
 import (
 	"hash/maphash"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 
 // defaultClientKeysMax is the number of client keys each per-client share tracks at
 // once when no WithClientKeysMax option says otherwise: the default of mdproxy's
-// MDPROXY_CLIENT_KEYS_MAX. At 30 to 60 bytes a key (a Go map doubles as it grows), it
+// MDPROXY_CLIENT_KEYS_MAX. At 20 to 40 bytes a key (a Go map doubles as it grows), it
 // bounds a share to a few MiB.
 const defaultClientKeysMax = 100_000
 
@@ -65,226 +64,118 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// clientCounter is the counter of one per-client share. It holds, for each
-// client key, the request counts of the key's last two windows, in one map keyed by a
-// seeded 64-bit hash of the key (the key itself is not kept; httprate's own counter
-// hashes keys too, and two keys of a share collide with odds of about n²/2⁶⁵, 3e-10
-// for 100000 keys). The map holds at most max keys;
-// a key beyond them is not tracked (Get answers 0, IncrementBy counts the request as
-// untracked), so that the route's global bucket alone decides for it.
+// clientShare is one route's per-client share: a GCRA (see gcra) per client key, the
+// key's theoretical arrival time in one map keyed by a seeded 64-bit hash of the key
+// (the key itself is not kept; two keys of a share collide with odds of about n²/2⁶⁵,
+// 3e-10 for 100000 keys). A key whose bucket is full again (tat at or before now)
+// decides as a missing key does, so it is freed. The map holds at most max keys; a key
+// beyond them is not tracked, so that the route's global bucket alone decides for it
+// (its request counted as untracked).
 //
-// Idle keys, whose counts no longer weigh in the sliding window (no request in the
-// current window nor the one before), are freed by a sweep that a timer of the clock (AfterFunc) runs every
-// sweepEvery while the map holds keys, and never otherwise: an idle share holds no timer
-// and no goroutine. The sweep builds a new map of the live keys rather than deleting
-// from the old one, since a Go map never shrinks.
+// The keys whose bucket is full again are freed by a sweep that a timer of the clock
+// (AfterFunc) runs every sweepEvery while the map holds keys, and never otherwise: an
+// idle share holds no timer and no goroutine. The sweep builds a new map of the live
+// keys rather than deleting from the old one, since a Go map never shrinks.
 //
-// allow decides with the sliding window of github.com/go-chi/httprate (v0.16): the
-// requests of the window before weigh by the share of it still inside the window, those
-// of the current window in full. It is written here, on the bucket's clock, because
-// httprate reads time.Now itself and a fake clock could not drive it. Windows are the
-// clock's instants truncated to the window, in UTC. A clientCounter is safe for
-// concurrent use.
-type clientCounter struct {
-	window     time.Duration
+// Its instants are nanoseconds on its bucket's time line (Bucket.now: since base). A
+// clientShare is safe for concurrent use.
+type clientShare struct {
+	limit      gcra
 	max        int
 	sweepEvery time.Duration
 	seed       maphash.Seed
 	clock      clockwork.Clock
+	base       time.Time // the origin of the bucket's time line
 	log        *slog.Logger
 
 	mu        sync.Mutex
-	keys      map[uint64]clientCount // nil when empty
-	timer     clockwork.Timer        // the pending sweep; nil when keys is empty
-	untracked uint64                 // requests of keys beyond max, since the start
-	warned    uint64                 // untracked when the last warning was logged
+	keys      map[uint64]int64 // tat by key hash; nil when empty
+	timer     clockwork.Timer  // the pending sweep; nil when keys is empty
+	untracked uint64           // requests of keys beyond max, since the start
+	warned    uint64           // untracked when the last warning was logged
 }
 
-// clientCount is one key's requests in the window starting at start (UnixNano) and in
-// the window before it. Counts saturate at math.MaxInt32.
-type clientCount struct {
-	start     int64
-	cur, prev int32
-}
-
-// newClientCounter returns an empty counter for windows of window on clock, tracking at
-// most keysMax keys, warning on log.
-func newClientCounter(window time.Duration, keysMax int, clock clockwork.Clock, log *slog.Logger) *clientCounter {
-	return &clientCounter{
-		window:     window,
+// newClientShare returns an empty share of limit (a clientGCRA of window), on clock
+// from base, tracking at most keysMax keys, warning on log.
+func newClientShare(limit gcra, window time.Duration, keysMax int, clock clockwork.Clock, base time.Time, log *slog.Logger) *clientShare {
+	return &clientShare{
+		limit:      limit,
 		max:        keysMax,
 		sweepEvery: max(window, minSweepEvery),
 		seed:       maphash.MakeSeed(),
 		clock:      clock,
+		base:       base,
 		log:        log,
 	}
 }
 
-// allow decides whether a request of key at now fits in limit requests per window, and
-// counts it when it does; counted is the window it was counted in (for giveBack). A
-// request refused gets retry, how long until one would fit (see retryIn). The caller
-// serializes allow for one share (Bucket.mu), so that the look and the count are one
-// step.
-func (c *clientCounter) allow(key string, now time.Time, limit int) (counted time.Time, ok bool, retry time.Duration) {
-	cur := now.UTC().Truncate(c.window)
-	curCount, prevCount, _ := c.Get(key, cur, cur.Add(-c.window))
-	elapsed := now.Sub(cur)
-	if !c.fits(elapsed, curCount, prevCount, limit) {
-		return cur, false, c.retryIn(elapsed, curCount, prevCount, limit)
-	}
-	_ = c.IncrementBy(key, cur, 1)
-	return cur, true, 0
-}
-
-// fits reports whether one more request fits in limit at elapsed into a window that
-// holds curCount requests after prevCount in the window before: the sliding estimate
-// prev*(window-elapsed)/window + cur, rounded as httprate rounds it, plus one, is at
-// most limit.
-func (c *clientCounter) fits(elapsed time.Duration, curCount, prevCount, limit int) bool {
-	rate := float64(prevCount)*float64(c.window-elapsed)/float64(c.window) + float64(curCount)
-	return int(math.Round(rate))+1 <= limit
-}
-
-// retryIn is how long after now, elapsed into its window, a key with curCount requests
-// in that window and prevCount in the one before first fits in limit again, with no
-// request meanwhile: the sliding estimate prev*(window-elapsed)/window + cur must fall
-// below limit-0.5 (fits rounds it). Within the window the previous count's weight
-// fades; if the current count alone is too many, the next window starts with it as its
-// previous count, which fades in turn. The instant solved for is then checked with fits
-// itself, a nanosecond at a time, since floating point may put it a nanosecond early. A
-// Retry-After of one window would be early by up to half a window (RFC 9110, section
-// 10.2.3: how long the client ought to wait).
-func (c *clientCounter) retryIn(elapsed time.Duration, curCount, prevCount, limit int) time.Duration {
-	w := float64(c.window)
-	room := float64(limit) - 0.5
-	base, cnt, prev := time.Duration(0), curCount, prevCount // the window solved in
-	var at float64
-	if float64(curCount) < room {
-		// prev*(w-e)/w + cur < room  <=>  e > w*(1 - (room-cur)/prev)
-		at = w * (1 - (room-float64(curCount))/float64(prevCount))
-	} else {
-		// The next window: cur*(w-e')/w < room  <=>  e' > w*(1 - room/cur).
-		at = w * (1 - room/float64(curCount))
-		base, cnt, prev = c.window, 0, curCount
-	}
-	e := max(time.Duration(math.Floor(at))+1, 0)
-	for i := 0; i < 4 && !c.fits(e, cnt, prev, limit); i++ {
-		e++
-	}
-	return max(base+e-elapsed, time.Nanosecond)
-}
-
-// Increment counts one request of key in currentWindow.
-func (c *clientCounter) Increment(key string, currentWindow time.Time) error {
-	return c.IncrementBy(key, currentWindow, 1)
-}
-
-// IncrementBy counts amount requests of key in currentWindow. A key not yet tracked
-// while max keys are is not added: the request is counted as untracked. It never
-// returns an error.
-func (c *clientCounter) IncrementBy(key string, currentWindow time.Time, amount int) error {
+// allow decides whether a request of key at now fits in its share, and counts it when
+// it does. A request refused gets retry, how long until the key's next token: exactly
+// when a request first fits again (RFC 9110, section 10.2.3: how long the client ought
+// to wait). The caller serializes allow for one share (Bucket.mu), so that the look and
+// the count are one step.
+func (c *clientShare) allow(key string, now int64) (ok bool, retry time.Duration) {
 	h := maphash.String(c.seed, key)
-	start := currentWindow.UnixNano()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.keys[h]
-	if !ok {
-		if len(c.keys) >= c.max {
-			c.untracked++
-			return nil
-		}
-		if c.keys == nil {
-			c.keys = make(map[uint64]clientCount)
-		}
-		if c.timer == nil {
-			c.timer = c.clock.AfterFunc(c.sweepEvery, c.sweepNow)
-		}
+	tat, tracked := c.keys[h]
+	if clamped := c.limit.clamp(tat, now); clamped != tat {
+		tat = clamped
+		c.keys[h] = tat // kept, or the next request would find it as far ahead
 	}
-	e = e.rolled(start, c.window)
-	e.cur = int32(min(int64(e.cur)+int64(amount), math.MaxInt32))
-	c.keys[h] = e
-	return nil
+	if d := c.limit.delay(tat, now); d > 0 {
+		return false, d
+	}
+	if !tracked && len(c.keys) >= c.max {
+		c.untracked++
+		return true, 0
+	}
+	if c.keys == nil {
+		c.keys = make(map[uint64]int64)
+	}
+	if c.timer == nil {
+		c.timer = c.clock.AfterFunc(c.sweepEvery, c.sweepNow)
+	}
+	c.keys[h] = c.limit.take(tat, now)
+	return true, 0
 }
 
-// Get returns key's requests in currentWindow and in previousWindow; 0, 0 for a key
-// not tracked. It never returns an error.
-func (c *clientCounter) Get(key string, currentWindow, previousWindow time.Time) (int, int, error) {
+// giveBack takes back the last request counted for key: a request that gave up while
+// it waited for its token, and so never reached Core, does not use up its client's
+// share. Nothing happens for a key no longer tracked (its bucket is full).
+func (c *clientShare) giveBack(key string) {
 	h := maphash.String(c.seed, key)
-	c.mu.Lock()
-	e, ok := c.keys[h]
-	c.mu.Unlock()
-	if !ok {
-		return 0, 0, nil
-	}
-	switch start := e.start; start {
-	case currentWindow.UnixNano():
-		return int(e.cur), int(e.prev), nil
-	case previousWindow.UnixNano():
-		return 0, int(e.cur), nil
-	}
-	return 0, 0, nil
-}
-
-// giveBack takes back one request of key counted in the window starting at window: a
-// request that gave up while it waited for its token, and so never reached Core, does
-// not use up its client's share. Nothing happens for a key no longer tracked, or whose
-// request no longer weighs in the sliding window.
-func (c *clientCounter) giveBack(key string, window time.Time) {
-	h := maphash.String(c.seed, key)
-	start := window.UnixNano()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.keys[h]
-	switch {
-	case !ok:
-		return
-	case e.start == start && e.cur > 0:
-		e.cur--
-	case e.start == start+int64(c.window) && e.prev > 0:
-		e.prev--
-	default:
-		return
+	if tat, ok := c.keys[h]; ok {
+		c.keys[h] = c.limit.giveBack(tat)
 	}
-	c.keys[h] = e
-}
-
-// rolled returns e moved to the window starting at start: its counts unchanged when it
-// is already there, its current count as the previous one when start is the next
-// window, and nothing counted when e is older than that.
-func (e clientCount) rolled(start int64, window time.Duration) clientCount {
-	switch e.start {
-	case start:
-		return e
-	case start - int64(window):
-		return clientCount{start: start, prev: e.cur}
-	}
-	return clientCount{start: start}
 }
 
 // sweepNow is the timer's function.
-func (c *clientCounter) sweepNow() { c.sweep(c.clock.Now()) }
+func (c *clientShare) sweepNow() { c.sweep(int64(c.clock.Now().Sub(c.base))) }
 
-// sweep frees the keys idle at now: those whose last window started before the window
-// preceding now's, whose requests no longer count. When some are idle it replaces the
-// map by one holding only the live keys (nil when none is). It schedules the next sweep
-// while keys remain and stops the timer otherwise. It warns once about the requests
-// left untracked since the last warning, if any.
-func (c *clientCounter) sweep(now time.Time) {
-	oldest := now.UTC().Truncate(c.window).Add(-c.window).UnixNano()
+// sweep frees the keys whose bucket is full at now (tat at or before now). The timer's
+// goroutine may read now before requests taken later reach the map, so now may be
+// older than theirs: a key full at now is full then too. When some are freed, it
+// replaces the map by one holding only the others (nil when none is). It
+// schedules the next sweep while keys remain and stops the timer otherwise. It warns
+// once about the requests left untracked since the last warning, if any.
+func (c *clientShare) sweep(now int64) {
 	c.mu.Lock()
 	live := 0
-	for _, e := range c.keys {
-		if e.start >= oldest {
+	for _, tat := range c.keys {
+		if tat > now {
 			live++
 		}
 	}
 	if live < len(c.keys) {
-		var keys map[uint64]clientCount
+		var keys map[uint64]int64
 		if live > 0 {
-			keys = make(map[uint64]clientCount, live)
-			for h, e := range c.keys {
-				if e.start >= oldest {
-					keys[h] = e
+			keys = make(map[uint64]int64, live)
+			for h, tat := range c.keys {
+				if tat > now {
+					keys[h] = tat // not clamped: now may be older than the last request's
 				}
 			}
 		}
@@ -309,9 +200,9 @@ func (c *clientCounter) sweep(now time.Time) {
 	}
 }
 
-// stats returns the keys tracked now (idle ones included until the next sweep) and the
+// stats returns the keys tracked now (full ones included until the next sweep) and the
 // requests left untracked since the start.
-func (c *clientCounter) stats() (tracked int, untracked uint64) {
+func (c *clientShare) stats() (tracked int, untracked uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.keys), c.untracked

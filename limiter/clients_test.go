@@ -50,53 +50,14 @@ func bucketOf(t testing.TB, s *Set, route string) *Bucket {
 	return b
 }
 
+// sweepAt runs the share's sweep at the instant t of its clock.
+func (c *clientShare) sweepAt(t time.Time) { c.sweep(int64(t.Sub(c.base))) }
+
 // timerPending reports whether the share of b holds a sweep timer.
 func timerPending(b *Bucket) bool {
 	b.clients.mu.Lock()
 	defer b.clients.mu.Unlock()
 	return b.clients.timer != nil
-}
-
-// TestClientCounterWindows checks the counts the counter gives httprate's sliding window
-// as windows pass: the current window's, the previous window's, nothing older.
-func TestClientCounterWindows(t *testing.T) {
-	const w = time.Minute
-	w0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(n int) time.Time { return w0.Add(time.Duration(n) * w) }
-	type inc struct{ window, n int }
-	tests := []struct {
-		name             string
-		incs             []inc
-		get              int // window of the Get
-		wantCur, wantPrv int
-	}{
-		{"nothing counted", nil, 0, 0, 0},
-		{"same window", []inc{{0, 3}}, 0, 3, 0},
-		{"next window sees it as previous", []inc{{0, 3}}, 1, 0, 3},
-		{"two windows later it is gone", []inc{{0, 3}}, 2, 0, 0},
-		{"rolled by an increment", []inc{{0, 3}, {1, 2}}, 1, 2, 3},
-		{"rolled twice", []inc{{0, 3}, {1, 2}, {2, 1}}, 2, 1, 2},
-		{"reset after a gap", []inc{{0, 3}, {2, 1}}, 2, 1, 0},
-		{"previous of a reset", []inc{{0, 3}, {2, 1}}, 3, 0, 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := newClientCounter(w, 10, clockwork.NewFakeClockAt(w0), slog.New(slog.DiscardHandler))
-			defer c.sweep(at(100)) // frees the key and stops the timer
-			for _, i := range tt.incs {
-				if err := c.IncrementBy("k", at(i.window), i.n); err != nil {
-					t.Fatalf("IncrementBy(k, w%d, %d) = %v, want nil", i.window, i.n, err)
-				}
-			}
-			cur, prev, err := c.Get("k", at(tt.get), at(tt.get-1))
-			if cur != tt.wantCur || prev != tt.wantPrv || err != nil {
-				t.Errorf("Get(k, w%d) = %d, %d, %v; want %d, %d, nil", tt.get, cur, prev, err, tt.wantCur, tt.wantPrv)
-			}
-			if cur, prev, _ := c.Get("other", at(tt.get), at(tt.get-1)); cur != 0 || prev != 0 {
-				t.Errorf("Get(other, w%d) = %d, %d; want 0, 0", tt.get, cur, prev)
-			}
-		})
-	}
 }
 
 // TestClientKeysMemoryFreed is issue 9's eighth case: one million distinct keys on a
@@ -136,12 +97,12 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 	}
 
 	// Still within two windows: nothing is idle, nothing is freed.
-	b.clients.sweep(clock.Now())
+	b.clients.sweepAt(clock.Now())
 	if tracked, _ := clientKeys(t, b); tracked != keys {
 		t.Errorf("after a sweep within the window, clientKeys() tracked = %d, want %d", tracked, keys)
 	}
 	// Two windows later every key is idle.
-	b.clients.sweep(clock.Now().Add(2 * window))
+	b.clients.sweepAt(clock.Now().Add(2 * window))
 	after := heap()
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
 		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
@@ -164,7 +125,7 @@ func TestClientKeysMemoryFreed(t *testing.T) {
 			t.Fatalf("after the sweep, Acquire(again) #%d = %v, want %v", i+1, d.Outcome, want)
 		}
 	}
-	b.clients.sweep(clock.Now().Add(2 * window))
+	b.clients.sweepAt(clock.Now().Add(2 * window))
 }
 
 // TestClientKeysCap checks the bound: keys beyond it pass the per-client check untracked
@@ -179,7 +140,7 @@ func TestClientKeysCap(t *testing.T) {
 	t.Run("beyond the bound the share is skipped", func(t *testing.T) {
 		const max, keys = 10, 25
 		b := newBucketT(t, Limit{ClientLimit: 1, ClientWindow: window}, clock, WithClientKeysMax(max))
-		defer b.clients.sweep(later())
+		defer b.clients.sweepAt(later())
 		for i := range keys {
 			key := "k" + strconv.Itoa(i)
 			want := []Outcome{Allowed, RejectedClient}
@@ -197,7 +158,7 @@ func TestClientKeysCap(t *testing.T) {
 			t.Errorf("clientKeys() = %d, %d; want %d, %d", tracked, untracked, max, 2*(keys-max))
 		}
 		// Freed keys make room: a new key gets its share again.
-		b.clients.sweep(later())
+		b.clients.sweepAt(later())
 		if d := b.Acquire(ctx, "new"); d.Outcome != Allowed {
 			t.Fatalf("after the sweep, Acquire(new) #1 = %v, want allowed", d.Outcome)
 		}
@@ -208,7 +169,7 @@ func TestClientKeysCap(t *testing.T) {
 
 	t.Run("the global bucket still applies", func(t *testing.T) {
 		b := newBucketT(t, Limit{Rate: 1, Burst: 3, ClientLimit: 1, ClientWindow: window}, clock, WithClientKeysMax(1))
-		defer b.clients.sweep(later())
+		defer b.clients.sweepAt(later())
 		steps := []struct {
 			key  string
 			want Outcome
@@ -251,7 +212,7 @@ func TestClientKeysCap(t *testing.T) {
 			if tracked, _ := clientKeys(t, b); tracked > max {
 				t.Fatalf("clientKeys() tracked = %d, want at most %d", tracked, max)
 			}
-			b.clients.sweep(later())
+			b.clients.sweepAt(later())
 		}
 		if tracked, _ := clientKeys(t, b); tracked != 0 {
 			t.Errorf("after the last sweep, clientKeys() tracked = %d, want 0", tracked)
@@ -273,7 +234,7 @@ func TestClientLimitWithoutRate(t *testing.T) {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
 	b := bucketOf(t, s, "hash_lookup")
-	defer b.clients.sweep(clock.Now().Add(2 * window))
+	defer b.clients.sweepAt(clock.Now().Add(2 * window))
 	for i := range 1000 {
 		if d := b.Acquire(context.Background(), "key-"+strconv.Itoa(i)); d.Outcome != Allowed {
 			t.Fatalf("Acquire(key-%d) = %v, want allowed", i, d.Outcome)
@@ -286,7 +247,7 @@ func TestClientLimitWithoutRate(t *testing.T) {
 	if len(got) != 1 || got["hash_lookup"] != [2]uint64{100, 900} {
 		t.Errorf("Set.ClientKeys() reported %v, want only hash_lookup: 100 tracked, 900 untracked", got)
 	}
-	b.clients.sweep(clock.Now().Add(2 * window))
+	b.clients.sweepAt(clock.Now().Add(2 * window))
 	if tracked, _ := clientKeys(t, b); tracked != 0 {
 		t.Errorf("after the window passed, clientKeys() tracked = %d, want 0", tracked)
 	}
@@ -343,9 +304,10 @@ func (c *sweepClock) timers(n int) bool {
 }
 
 // TestClientKeysSweepTimer checks that the keys are freed by the timer of the share's
-// clock, with no further request, one to two windows after their last request, and
-// that the timer stops once the share is empty: an idle share holds no timer (and so no
-// goroutine). The sweeps run when Advance reaches their timer.
+// clock, with no further request, once their bucket is full again (here a window after
+// their last request: a share of 1 a second), and that the timer stops once the share
+// is empty: an idle share holds no timer (and so no goroutine). The sweeps run when
+// Advance reaches their timer.
 func TestClientKeysSweepTimer(t *testing.T) {
 	const window = time.Second // the sweep runs every window, at most once a second
 	clock := newSweepClock()
@@ -369,11 +331,11 @@ func TestClientKeysSweepTimer(t *testing.T) {
 		request string // a request of this key after the sweep, if any
 		tracked int    // keys tracked after the sweep (and the request)
 	}{
-		{999 * time.Millisecond, false, "", 100}, // no sweep before its period
-		{time.Second, true, "", 100},             // within a window of their requests: kept
-		{1500 * time.Millisecond, false, "late", 101},
-		{2 * time.Second, true, "", 1}, // the first 100 are idle; late's window is the previous one
-		{3 * time.Second, true, "", 0}, // late is idle too: the share is empty
+		{500 * time.Millisecond, false, "late", 101}, // late's bucket is full again at 1.5 s
+		{999 * time.Millisecond, false, "", 101},     // no sweep before its period
+		{time.Second, true, "", 1},                   // the first 100 are full again: freed
+		{1999 * time.Millisecond, false, "", 1},
+		{2 * time.Second, true, "", 0}, // late is full too: the share is empty
 	}
 	for _, s := range steps {
 		clock.advanceTo(t, s.at, s.sweep)
@@ -398,10 +360,9 @@ func TestClientKeysSweepTimer(t *testing.T) {
 	if !timerPending(b) || !clock.timers(1) {
 		t.Errorf("after a new key: timer pending %v, on the clock %v; want a sweep scheduled", timerPending(b), clock.timers(1))
 	}
-	clock.advanceTo(t, 4*time.Second, true)
-	clock.advanceTo(t, 5*time.Second, true)
+	clock.advanceTo(t, 3*time.Second, true)
 	if tracked, _ := clientKeys(t, b); tracked != 0 || timerPending(b) {
-		t.Errorf("two windows later: clientKeys() tracked = %d, timer pending %v; want 0, false", tracked, timerPending(b))
+		t.Errorf("a window later: clientKeys() tracked = %d, timer pending %v; want 0, false", tracked, timerPending(b))
 	}
 }
 
@@ -419,7 +380,7 @@ func TestClientKeysWarning(t *testing.T) {
 		t.Fatalf("NewSet() = %v, want no error", err)
 	}
 	b := bucketOf(t, s, "batch_status")
-	defer b.clients.sweep(clock.Now().Add(2 * window))
+	defer b.clients.sweepAt(clock.Now().Add(2 * window))
 	type record struct {
 		Level, Msg, Route string
 		Untracked         int `json:"untracked_requests"`
@@ -448,8 +409,8 @@ func TestClientKeysWarning(t *testing.T) {
 		t.Errorf("before a sweep: %d log records, want 0 (logged by the sweep only)", len(got))
 	}
 	now := clock.Now()
-	b.clients.sweep(now)
-	b.clients.sweep(now) // nothing new: no second record
+	b.clients.sweepAt(now)
+	b.clients.sweepAt(now) // nothing new: no second record
 	got := records()
 	if len(got) != 1 {
 		t.Fatalf("after two sweeps: %d log records %+v, want 1", len(got), got)
@@ -458,7 +419,7 @@ func TestClientKeysWarning(t *testing.T) {
 		t.Errorf("log record = %+v, want WARN, route batch_status, untracked_requests 3, client_keys_max 1", rec)
 	}
 	b.Acquire(context.Background(), "e")
-	b.clients.sweep(now)
+	b.clients.sweepAt(now)
 	if got := records(); len(got) != 2 || got[1].Untracked != 1 {
 		t.Errorf("after one more untracked request and a sweep: records %+v, want a second with untracked_requests 1", got)
 	}

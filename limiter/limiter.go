@@ -1,15 +1,20 @@
 // Package limiter holds the token buckets that mdproxy puts on each route: a global
 // bucket per route (a GCRA with golang.org/x/time/rate's semantics) and, optionally, a
-// per-client share inside it (a sliding window of requests per client key, as
-// github.com/go-chi/httprate counts them). Each route's budget is a Limiter: a Bucket
-// in the process, or a RedisBucket that every replica on one Redis shares (github.com/go-redis/redis_rate),
-// with a local Bucket to fall back on. It knows route names only as opaque strings;
-// which HTTP requests belong to which route is the proxy package's business.
+// per-client share inside it (a GCRA per client key: ClientLimit per ClientWindow, a
+// burst of ClientLimit). Each route's budget is a Limiter: a Bucket in the process, or a
+// RedisBucket that every replica on one Redis shares (the same GCRA in a Lua script of
+// this package, on Redis's clock), with a local Bucket to fall back on. It knows route
+// names only as opaque strings; which HTTP requests belong to which route is the proxy
+// package's business.
 //
 // Time comes from a github.com/jonboulle/clockwork Clock given to NewBucket and NewSet:
 // the decision for a request is a function of the bucket's state, the instant and the
 // client key, and a request that must wait for its token waits on the clock's timer, so
-// that tests run on a fake clock and never sleep.
+// that tests run on a fake clock and never sleep. A bucket counts time from its first
+// reading of the clock, on the monotonic clock when the clock gives it (the real one
+// does), so that a step of the wall clock moves no bucket; a clock that steps back all
+// the same (a fake one, a wall clock without monotonic readings, Redis's) never makes a
+// bucket refuse for longer than one refill of it and its MaxWait.
 package limiter
 
 import (
@@ -74,10 +79,15 @@ type Limit struct {
 	// MaxWait is how long a request may wait for a token before it is rejected, as
 	// nginx's limit_req burst without nodelay does. 0 rejects at once.
 	MaxWait time.Duration `env:"MAX_WAIT"`
-	// ClientLimit is each client's share of the route: at most ClientLimit requests per
-	// ClientWindow per client key (sliding window, go-chi/httprate). 0 turns the
-	// per-client share off. The keys tracked are bounded and freed when idle: see
-	// Bucket.
+	// ClientLimit is each client's share of the route: a token bucket per client key of
+	// ClientLimit tokens refilled at ClientLimit per ClientWindow (a GCRA, the same
+	// locally and on Redis). A client may send ClientLimit requests at once, then one
+	// each ClientWindow/ClientLimit; in any span of one ClientWindow it gets at most
+	// 2*ClientLimit-1 requests through (ClientLimit at its start, ClientLimit-1 more as
+	// tokens come back), and in any span of n windows at most (n+1)*ClientLimit-1. A
+	// request the share refuses gets the time until the client's next token as its
+	// RetryAfter: at most ClientWindow/ClientLimit. 0 turns the per-client share off.
+	// The keys tracked are bounded and freed when full again: see Bucket.
 	ClientLimit int `env:"CLIENT_LIMIT"`
 	// ClientWindow is the window of ClientLimit. Zero is read as one second.
 	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
@@ -208,7 +218,8 @@ type Decision struct {
 	// gave up (Canceled); 0 otherwise.
 	Waited time.Duration
 	// RetryAfter is, for Rejected, the time until a token of the global bucket is free;
-	// for RejectedClient, the client window. 0 for the other outcomes.
+	// for RejectedClient, the time until a token of the client's share is (at most
+	// ClientWindow/ClientLimit). 0 for the other outcomes.
 	RetryAfter time.Duration
 }
 
@@ -226,14 +237,14 @@ func (d Decision) RetryAfterSeconds() int {
 }
 
 // Bucket is the budget of one route in this process: a global token bucket (see gcra:
-// x/time/rate's semantics, with an exact give-back) and an optional per-client share.
-// A nil *Bucket allows
-// everything. A Bucket is safe for concurrent use.
+// x/time/rate's semantics, with an exact give-back) and an optional per-client share
+// (a GCRA per client key). A nil *Bucket allows everything. A Bucket is safe for
+// concurrent use.
 //
 // The per-client share tracks at most a bound of client keys at once (WithClientKeysMax,
-// 100,000 by default; 30 to 60 bytes a key). A key is freed once idle, when
-// its requests no longer weigh in the sliding window (one to two windows after its last
-// request): a timer of the bucket's clock sweeps the idle keys every window (at most
+// 100,000 by default; 20 to 40 bytes a key). A key is freed once its bucket is full
+// again, when it would decide as an untracked key does (at most one window after its
+// last request): a timer of the bucket's clock sweeps those keys every window (at most
 // once a second) while keys are tracked, and stops when none is, so that memory returns
 // to its baseline without waiting for a request. While the bound is reached, a request
 // of a new key passes the per-client check untracked: the route's global bucket, which
@@ -244,14 +255,18 @@ func (d Decision) RetryAfterSeconds() int {
 type Bucket struct {
 	limit Limit
 	clock clockwork.Clock
+	// base is the clock's first reading: the origin of the bucket's time line (now).
+	base time.Time
+	// global is the route's bucket's limit; its interval is 0 when Rate == 0.
+	global gcra
 
 	// mu makes "look at the bucket, check the client, take the token" one step, so that
 	// a rejected request never takes a token and concurrent requests never overdraw.
-	mu     sync.Mutex
-	global *gcra // nil when Rate == 0
-	// clients counts each client key's requests in the per-client share's sliding
-	// window; nil when ClientLimit == 0.
-	clients *clientCounter
+	mu  sync.Mutex
+	tat int64 // the route's bucket's theoretical arrival time (see gcra)
+	// clients holds each client key's bucket in the per-client share; nil when
+	// ClientLimit == 0.
+	clients *clientShare
 	// waiting holds the requests waiting for their token, in the order of their
 	// reservations: the slot of one that leaves is handed to those behind it.
 	waiting []*waiter
@@ -262,12 +277,11 @@ var _ Limiter = (*Bucket)(nil)
 // waiter is a request waiting for its turn. Its fields are guarded by the bucket's mu;
 // moved tells it that at changed.
 type waiter struct {
-	at    time.Time // its turn, on the bucket's clock
+	at    int64 // its turn, on the bucket's time line (Bucket.now)
 	moved chan struct{}
-	// client and window are the per-client key and the share's window it was counted
-	// in, given back if it gives up; client is "" without a per-client share.
+	// client is the per-client key whose share counted it, given back if it gives up;
+	// "" without a per-client share.
 	client string
-	window time.Time
 }
 
 // NewBucket returns the bucket for l on clock (nil means the real clock; tests pass a
@@ -283,17 +297,25 @@ func NewBucket(l Limit, clock clockwork.Clock, opts ...Option) (*Bucket, error) 
 		clock = clockwork.NewRealClock()
 	}
 	l = l.effective() // what Limit reports: the gauges and /config show the limit as it acts
-	b := &Bucket{limit: l, clock: clock}
+	b := &Bucket{limit: l, clock: clock, base: clock.Now()}
 	if l.Rate > 0 {
-		// A new bucket starts full: its burst is available at once.
-		g := newGCRA(l.Rate, l.Burst)
-		b.global = &g
+		// A new bucket starts full (tat 0): its burst is available at once.
+		b.global = routeGCRA(l.Rate, l.Burst, l.MaxWait)
 	}
 	if l.ClientLimit > 0 {
-		b.clients = newClientCounter(l.window(), o.clientKeysMax, clock, o.logger)
+		b.clients = newClientShare(clientGCRA(l.ClientLimit, l.window()), l.window(), o.clientKeysMax, clock, b.base, o.logger)
 	}
 	return b, nil
 }
+
+// now returns the bucket's clock's reading as nanoseconds since its first one, base:
+// on the monotonic clock when both readings carry it (the real clock's do), so that a
+// step of the wall clock does not move it; on the wall clock otherwise (a fake clock),
+// where it may step back, and the buckets clamp (see gcra).
+func (b *Bucket) now() int64 { return int64(b.clock.Now().Sub(b.base)) }
+
+// limited reports whether the route's bucket applies: Rate > 0.
+func (b *Bucket) limited() bool { return b.global.interval > 0 }
 
 // clientKeys returns the client keys the per-client share tracks now (idle ones
 // included until the next sweep) and the requests it let through untracked since the
@@ -366,11 +388,11 @@ func (b *Bucket) Limit() Limit {
 // Acquire decides whether a request of client may go on, at the instant the bucket's
 // clock reads; see Limiter. A request that must wait waits on the clock's timer.
 func (b *Bucket) Acquire(ctx context.Context, client string) Decision {
-	if b == nil || (b.global == nil && b.clients == nil) {
+	if b == nil || (!b.limited() && b.clients == nil) {
 		return Decision{Outcome: Allowed}
 	}
 	b.mu.Lock()
-	now := b.clock.Now() // read under the lock, so that instants reach the bucket in order
+	now := b.now() // read under the lock, so that instants reach the bucket in order
 	d, w := b.reserve(ctx, now, client)
 	b.mu.Unlock()
 	if w == nil {
@@ -383,33 +405,31 @@ func (b *Bucket) Acquire(ctx context.Context, client string) Decision {
 // bucket's state, now, client and the wait ctx allows (WithMaxWait) alone: Allowed,
 // Rejected or RejectedClient (or, in a dry run, WouldReject), or a waiter holding the
 // request's turn when it must wait for its token. The caller holds b.mu.
-func (b *Bucket) reserve(ctx context.Context, now time.Time, client string) (Decision, *waiter) {
+func (b *Bucket) reserve(ctx context.Context, now int64, client string) (Decision, *waiter) {
 	var delay time.Duration
-	if b.global != nil {
-		delay = b.delayAt(now)
+	if b.limited() {
+		b.tat = b.global.clamp(b.tat, now)
+		delay = max(b.global.delay(b.tat, now), 0)
 		if delay > b.limit.MaxWait || (delay > 0 && delay > maxWaitOf(ctx)) {
 			return b.refuse(Decision{Outcome: Rejected, RetryAfter: delay}), nil
 		}
 	}
-	var counted time.Time // the per-client window this request is counted in
 	if b.clients != nil {
-		var ok bool
-		var retry time.Duration
-		if counted, ok, retry = b.clients.allow(client, now, b.limit.ClientLimit); !ok {
+		if ok, retry := b.clients.allow(client, now); !ok {
 			return b.refuse(Decision{Outcome: RejectedClient, RetryAfter: retry}), nil
 		}
 	}
-	if b.global == nil {
+	if !b.limited() {
 		return Decision{Outcome: Allowed}, nil
 	}
-	b.global.take(now.UnixNano())
+	b.tat = b.global.take(b.tat, now)
 	if delay <= 0 || b.limit.DryRun {
 		// A dry run takes the turn the request would wait for, but does not hold it.
 		return Decision{Outcome: Allowed}, nil
 	}
-	w := &waiter{at: now.Add(delay), moved: make(chan struct{}, 1)}
+	w := &waiter{at: now + int64(delay), moved: make(chan struct{}, 1)}
 	if b.clients != nil {
-		w.client, w.window = client, counted
+		w.client = client
 	}
 	b.waiting = append(b.waiting, w)
 	return Decision{}, w
@@ -429,34 +449,37 @@ func (b *Bucket) refuse(d Decision) Decision {
 // route would lose that slot, Core receiving less than the configured rate. So the
 // requests behind it move up one turn each, and the last turn is given back to the
 // bucket. The request is also taken back from its client's share.
-func (b *Bucket) wait(ctx context.Context, w *waiter, start time.Time) Decision {
-	// Timed from the clock's instant now, not from start: time that passed since the
-	// reservation counts towards the wait.
-	b.mu.Lock()
-	at := w.at
-	b.mu.Unlock()
-	t := b.clock.NewTimer(at.Sub(b.clock.Now()))
+func (b *Bucket) wait(ctx context.Context, w *waiter, start int64) Decision {
+	t := b.clock.NewTimer(b.until(w))
 	defer t.Stop()
 	for {
 		select {
 		case <-t.Chan():
 			b.mu.Lock()
 			b.leave(w, false)
+			waited := time.Duration(w.at - start)
 			b.mu.Unlock()
-			return Decision{Outcome: Delayed, Waited: w.at.Sub(start)}
+			return Decision{Outcome: Delayed, Waited: waited}
 		case <-w.moved:
-			b.mu.Lock()
-			at := w.at
-			b.mu.Unlock()
-			t.Reset(at.Sub(b.clock.Now()))
+			t.Reset(b.until(w))
 		case <-ctx.Done():
 			b.mu.Lock()
-			now := b.clock.Now()
+			now := b.now()
 			b.leave(w, true)
 			b.mu.Unlock()
-			return Decision{Outcome: Canceled, Waited: now.Sub(start)}
+			return Decision{Outcome: Canceled, Waited: time.Duration(max(now-start, 0))}
 		}
 	}
+}
+
+// until is how long w has yet to wait for its turn, timed from the clock's reading now
+// rather than from the reservation (time that passed since counts towards the wait):
+// never more than MaxWait, however far the clock stepped back meanwhile.
+func (b *Bucket) until(w *waiter) time.Duration {
+	b.mu.Lock()
+	at := w.at
+	b.mu.Unlock()
+	return min(time.Duration(at-b.now()), b.limit.MaxWait)
 }
 
 // leave removes w from the queue. When w gives up its turn (canceled), each request
@@ -479,17 +502,11 @@ func (b *Bucket) leave(w *waiter, canceled bool) {
 	}
 	b.waiting = slices.Delete(b.waiting, i, i+1)
 	if canceled {
-		b.global.giveBack()
+		b.tat = b.global.giveBack(b.tat)
 		if b.clients != nil {
-			b.clients.giveBack(w.client, w.window)
+			b.clients.giveBack(w.client)
 		}
 	}
-}
-
-// delayAt is how long a request arriving at now waits for a token of the global bucket;
-// 0 when one is free. The caller holds b.mu.
-func (b *Bucket) delayAt(now time.Time) time.Duration {
-	return max(b.global.delay(now.UnixNano()), 0)
 }
 
 // Set is the Limiter of every route, keyed by route name: a Bucket, or a RedisBucket

@@ -3,15 +3,15 @@ package limiter
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
@@ -48,10 +48,10 @@ func (m Mode) String() string {
 
 // RedisOptions tunes NewRedis. The zero value is usable.
 type RedisOptions struct {
-	// Prefix starts every key mdproxy writes ("mdproxy:" when empty). redis_rate puts
-	// its own "rate:" before the keys it keeps, so a route's bucket is the key
-	// "rate:<Prefix>limit:<route>" and a client's share
-	// "rate:<Prefix>client:<route>:<SHA-256 of the client key, 32 hex digits>".
+	// Prefix starts every key mdproxy writes ("mdproxy:" when empty): a route's bucket
+	// is the key "<Prefix>limit:<route>:<limit>" and a client's share
+	// "<Prefix>client:<route>:<limit>:<SHA-256 of the client key, 32 hex digits>",
+	// <limit> naming the GCRA's interval and offset in µs.
 	Prefix string
 	// Timeout is the deadline of each Redis call of a decision (50 ms when 0). A call
 	// that misses it counts as Redis not answering.
@@ -74,9 +74,18 @@ type RedisOptions struct {
 
 // Redis decides the limits of every route in Redis, for all the replicas that use the
 // same Redis and Prefix: each route's token bucket and each client's share is a GCRA
-// (generic cell rate algorithm) of github.com/go-redis/redis_rate v10, whose state is
-// one key holding its theoretical arrival time, kept by a Lua script on Redis's own
-// clock and expired by Redis when the bucket is full again.
+// (generic cell rate algorithm, the arithmetic of the local buckets), whose state is
+// one key holding its theoretical arrival time, kept by a Lua script (gcraScript) on
+// Redis's own clock in integer microseconds, and expired by Redis once the bucket has
+// been full for as long as it takes to empty.
+//
+// A key that Redis drops before its time (evicted under maxmemory, flushed, lost in a
+// restart) would make a full bucket. Each replica keeps its last view of each key
+// (the route's bucket; the shares of at most WithClientKeysMax clients a route) and
+// passes it with every call; the script restores a view still ahead of Redis's clock
+// into a lost key, and the replica counts it (Restores) and logs it at most once a
+// minute. With one replica a lost key thus comes back as it was; with several, each
+// restores its own last view and the key follows the furthest.
 //
 // It fails open, within bounds: a decision whose Redis call fails or misses Timeout is
 // taken by the route's local bucket instead (RedisBucket), and after
@@ -86,7 +95,7 @@ type RedisOptions struct {
 // error and at most Timeout of latency on the calls that find it. Mode tells where
 // decisions go. A Redis is safe for concurrent use.
 type Redis struct {
-	rl   *redis_rate.Limiter
+	rdb  redis.Scripter
 	o    RedisOptions
 	cb   *gobreaker.CircuitBreaker[redisDecision]
 	mode atomic.Int32
@@ -94,6 +103,68 @@ type Redis struct {
 	// to fallback: no answer, or Redis's own refusal (out of memory, a key of another
 	// type).
 	lastErr atomic.Pointer[string]
+
+	// restores counts, by route, the keys found lost and restored from this replica's
+	// views, since the start; routes are added as their buckets are built.
+	restoresMu sync.Mutex
+	restores   map[string]*restoreCounts
+	// unlogged counts the restores since the last log line about them; nextLog is when
+	// (ns since started, monotonic) the next line may be written.
+	unlogged atomic.Uint64
+	nextLog  atomic.Int64
+	started  time.Time
+}
+
+// restoreCounts are a route's restores: of its bucket's key, of its clients' keys.
+type restoreCounts struct{ route, client atomic.Uint64 }
+
+// restoreLogEvery is how often, at most, a replica logs that it restored lost keys.
+const restoreLogEvery = time.Minute
+
+// The kinds of key that Restores reports, the values of the metric label that tells
+// them apart.
+const (
+	restoreRoute  = "route"  // a route's bucket
+	restoreClient = "client" // a client's share
+)
+
+// Restores calls f for each route with a bucket on Redis and each kind of key, "route"
+// (the route's bucket) and "client" (its clients' shares): the keys of that kind that
+// this replica found lost in Redis (evicted, flushed, Redis restarted empty) while its
+// view of them was still ahead, and restored, since the start. Safe for concurrent use.
+func (r *Redis) Restores(f func(route, kind string, n uint64)) {
+	r.restoresMu.Lock()
+	defer r.restoresMu.Unlock()
+	for route, c := range r.restores {
+		f(route, restoreRoute, c.route.Load())
+		f(route, restoreClient, c.client.Load())
+	}
+}
+
+// restoreCountsOf returns the counts of route, adding them at 0.
+func (r *Redis) restoreCountsOf(route string) *restoreCounts {
+	r.restoresMu.Lock()
+	defer r.restoresMu.Unlock()
+	c := r.restores[route]
+	if c == nil {
+		c = &restoreCounts{}
+		r.restores[route] = c
+	}
+	return c
+}
+
+// restored logs that a key of route (kind: restoreRoute or restoreClient) was lost and
+// restored, at most once every restoreLogEvery, with the restores since the last line
+// (the caller counts it in the route's restoreCounts).
+func (r *Redis) restored(route, kind string) {
+	r.unlogged.Add(1)
+	now := int64(time.Since(r.started))
+	next := r.nextLog.Load()
+	if now < next || !r.nextLog.CompareAndSwap(next, now+int64(restoreLogEvery)) {
+		return
+	}
+	r.o.Logger.Warn("limiter state lost in Redis (evicted under maxmemory, flushed, or Redis restarted empty) and restored from this replica's last view; give Redis memory to spare (see mdproxy_limiter_redis_restores_total)",
+		"route", route, "bucket", kind, "restores", r.unlogged.Swap(0))
 }
 
 // NewRedis returns the shared limits on rdb (a *redis.Client, or any
@@ -110,7 +181,7 @@ func NewRedis(rdb redis.UniversalClient, o RedisOptions) *Redis {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Redis{rl: redis_rate.NewLimiter(rdb), o: o}
+	r := &Redis{rdb: rdb, o: o, restores: map[string]*restoreCounts{}, started: time.Now()}
 	r.mode.Store(int32(ModeRedis))
 	r.cb = gobreaker.NewCircuitBreaker[redisDecision](gobreaker.Settings{
 		Name:        "redis",
@@ -174,33 +245,26 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 	if err != nil {
 		return nil, err
 	}
-	b := &RedisBucket{r: r, limit: l, clock: clock, fallback: fallback}
+	b := &RedisBucket{r: r, route: route, limit: l, clock: clock, fallback: fallback, restores: r.restoreCountsOf(route)}
 	if l.Rate > 0 {
-		// Rate 1 per interval: any rate, fractions included, is one emission interval.
-		interval := time.Duration(float64(time.Second) / l.Rate)
 		// A request may wait up to MaxWait for its token: GCRA admits it when the
 		// bucket would be full enough within MaxWait, which is a bucket larger by the
 		// tokens that MaxWait brings, the surplus being the request's wait.
-		b.waitTokens = int(math.Floor(l.MaxWait.Seconds() * l.Rate))
-		b.interval = interval
-		b.global = redis_rate.Limit{Rate: 1, Period: interval, Burst: l.Burst + b.waitTokens}
+		b.waitTokens = int64(math.Floor(l.MaxWait.Seconds() * l.Rate))
+		b.global = routeRedisLimit(l.Rate, l.Burst, int(b.waitTokens))
 	}
 	if l.ClientLimit > 0 {
-		b.client = redis_rate.Limit{Rate: l.ClientLimit, Period: l.window(), Burst: l.ClientLimit}
+		b.client = clientRedisLimit(l.ClientLimit, l.window())
+		b.clients = newClientViews(newOptions(opts).clientKeysMax, clock)
 	}
 	// The keys name the limit they hold the state of, so that a changed limit starts
 	// from a new, full bucket, as a local one does, rather than from the old limit's
 	// debt (after a limit of 0.001/s, up to 1000 s of refusals under a looser one);
 	// every replica with the same limit shares the same keys, and the old ones expire
 	// by their TTL.
-	b.routeKey = r.o.Prefix + "limit:" + route + ":" + limitTag(b.global)
-	b.clientPre = r.o.Prefix + "client:" + route + ":" + limitTag(b.client) + ":"
+	b.routeKey = r.o.Prefix + "limit:" + route + ":" + b.global.tag()
+	b.clientPre = r.o.Prefix + "client:" + route + ":" + b.client.tag() + ":"
 	return b, nil
-}
-
-// limitTag names a redis_rate limit in a key: its rate, period in nanoseconds and burst.
-func limitTag(l redis_rate.Limit) string {
-	return fmt.Sprintf("%d/%d/%d", l.Rate, l.Period.Nanoseconds(), l.Burst)
 }
 
 // share is the part of l that one of replicas takes when they decide alone: the rate
@@ -227,19 +291,23 @@ func (l Limit) share(replicas int) Limit {
 // differ from a Bucket's in three ways, all bounded: a request waiting for its token
 // that gives up gives its token back to the end of the line rather than to the request
 // behind it; MaxWait is counted in whole emission intervals (1/Rate), rounded down; and
-// the per-client share is a GCRA of ClientLimit per ClientWindow (burst ClientLimit)
-// rather than a sliding window. Safe for concurrent use.
+// its instants are Redis's microseconds rather than the replica's nanoseconds. Safe for
+// concurrent use.
 type RedisBucket struct {
 	r        *Redis
+	route    string
 	limit    Limit
 	clock    clockwork.Clock
 	fallback *Bucket // at the replica's share of limit
+	restores *restoreCounts
 
 	routeKey, clientPre string
-	global              redis_rate.Limit // zero when Rate == 0
-	client              redis_rate.Limit // zero when ClientLimit == 0
-	interval            time.Duration    // 1/Rate
-	waitTokens          int              // the tokens MaxWait brings, floor(MaxWait*Rate)
+	global              redisLimit // zero when Rate == 0
+	client              redisLimit // zero when ClientLimit == 0
+	waitTokens          int64      // the tokens MaxWait brings, floor(MaxWait*Rate)
+
+	view    viewCell     // the last view of the route's bucket's key
+	clients *clientViews // of the clients' keys; nil when ClientLimit == 0
 }
 
 var _ Limiter = (*RedisBucket)(nil)
@@ -287,7 +355,7 @@ func (b *RedisBucket) Acquire(ctx context.Context, client string) Decision {
 	case <-t.Chan():
 		return Decision{Outcome: Delayed, Waited: rd.delay}
 	case <-ctx.Done():
-		waited := b.clock.Since(start)
+		waited := max(b.clock.Since(start), 0) // a fake clock may have stepped back
 		b.giveBack(ctx, client, true)
 		return Decision{Outcome: Canceled, Waited: waited}
 	}
@@ -300,35 +368,67 @@ func (b *RedisBucket) decide(ctx context.Context, client string) (redisDecision,
 	ctx, cancel := context.WithTimeout(ctx, b.r.o.Timeout)
 	defer cancel()
 	if b.limit.ClientLimit > 0 {
-		res, err := b.r.rl.AllowN(ctx, b.clientKey(client), b.client, 1)
+		res, err := b.runClient(ctx, client, 1)
 		if err != nil {
 			return redisDecision{}, err
 		}
-		if res.Allowed == 0 {
-			return redisDecision{d: b.refuse(RejectedClient, res.RetryAfter)}, nil
+		if !res.allowed {
+			return redisDecision{d: b.refuse(RejectedClient, res.retryAfter)}, nil
 		}
 	}
 	if b.limit.Rate == 0 {
 		return redisDecision{d: Decision{Outcome: Allowed}}, nil
 	}
-	res, err := b.r.rl.AllowN(ctx, b.routeKey, b.global, 1)
+	res, err := b.runRoute(ctx, 1)
 	if err != nil {
 		b.giveBack(ctx, client, false)
 		return redisDecision{}, err
 	}
-	if res.Allowed == 0 {
+	interval := time.Duration(b.global.interval) * time.Microsecond
+	if !res.allowed {
 		b.giveBack(ctx, client, false)
-		// RetryAfter is when the request would be let in to wait; its token is free
+		// retryAfter is when the request would be let in to wait; its token is free
 		// the waitTokens' intervals after that.
-		return redisDecision{d: b.refuse(Rejected, res.RetryAfter+time.Duration(b.waitTokens)*b.interval)}, nil
+		return redisDecision{d: b.refuse(Rejected, res.retryAfter+time.Duration(b.waitTokens)*interval)}, nil
 	}
-	// ResetAfter is when the route's bucket is full again; the request's token is free
+	// resetAfter is when the route's bucket is full again; the request's token is free
 	// Burst intervals before that.
-	delay := res.ResetAfter - time.Duration(b.limit.Burst)*b.interval
+	delay := res.resetAfter - time.Duration(b.limit.Burst)*interval
 	if delay <= 0 || b.limit.DryRun {
 		return redisDecision{d: Decision{Outcome: Allowed}}, nil
 	}
 	return redisDecision{delay: delay}, nil
+}
+
+// runRoute runs the GCRA of the route's bucket with cost, passing and keeping the
+// replica's view of its key.
+func (b *RedisBucket) runRoute(ctx context.Context, cost int) (gcraResult, error) {
+	res, err := runGCRA(ctx, b.r.rdb, b.routeKey, b.global, cost, b.view.load())
+	if err != nil {
+		return res, err
+	}
+	b.view.store(res.view)
+	if res.restored {
+		b.restores.route.Add(1)
+		b.r.restored(b.route, restoreRoute)
+	}
+	return res, nil
+}
+
+// runClient runs the GCRA of client's share with cost, passing and keeping the
+// replica's view of its key.
+func (b *RedisBucket) runClient(ctx context.Context, client string, cost int) (gcraResult, error) {
+	key, h := b.clientKey(client)
+	res, err := runGCRA(ctx, b.r.rdb, key, b.client, cost, b.clients.get(h))
+	if err != nil {
+		return res, err
+	}
+	b.clients.put(h, res)
+	if res.restored {
+		b.restores.client.Add(1)
+		b.r.restored(b.route, restoreClient)
+	}
+	return res, nil
 }
 
 // refuse returns the rejection o with retryAfter, or WouldReject in a dry run.
@@ -341,7 +441,7 @@ func (b *RedisBucket) refuse(o Outcome, retryAfter time.Duration) Decision {
 
 // giveBack returns, best effort and within the timeout, a request's count to its
 // client's share and, when route is true, its token to the route's bucket: a GCRA
-// step of cost -1, which redis_rate bounds so that a bucket never holds more than
+// step of cost -1, which the script bounds so that a bucket never holds more than
 // full.
 func (b *RedisBucket) giveBack(ctx context.Context, client string, route bool) {
 	if b.limit.ClientLimit == 0 && !route {
@@ -350,16 +450,16 @@ func (b *RedisBucket) giveBack(ctx context.Context, client string, route bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.r.o.Timeout)
 	defer cancel()
 	if route {
-		_, _ = b.r.rl.AllowN(ctx, b.routeKey, b.global, -1)
+		_, _ = b.runRoute(ctx, -1)
 	}
 	if b.limit.ClientLimit > 0 {
-		_, _ = b.r.rl.AllowN(ctx, b.clientKey(client), b.client, -1)
+		_, _ = b.runClient(ctx, client, -1)
 	}
 }
 
-// clientKey is the Redis key of client's share: a digest, so that Redis never holds
-// an apikey.
-func (b *RedisBucket) clientKey(client string) string {
+// clientKey is the Redis key of client's share, a digest, so that Redis never holds
+// an apikey, and the digest's first 64 bits, which key the replica's view of it.
+func (b *RedisBucket) clientKey(client string) (string, uint64) {
 	sum := sha256.Sum256([]byte(client))
-	return b.clientPre + hex.EncodeToString(sum[:16])
+	return b.clientPre + hex.EncodeToString(sum[:16]), binary.BigEndian.Uint64(sum[:8])
 }

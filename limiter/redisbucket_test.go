@@ -29,14 +29,21 @@ type replica struct {
 }
 
 // newReplica builds the limits of one replica on srv for limits, with o's settings (a
-// short RetryEvery unless o sets it) and clock (nil: real).
+// short RetryEvery unless o sets it) and clock (nil: real). Its calls have 10 s each
+// unless o sets Timeout, so that none is decided by the local bucket because the
+// machine is loaded: the tests of fallback stop Redis (a call then fails at once) or
+// set a Timeout.
 func newReplica(t testing.TB, srv *redistest.Server, limits map[string]limiter.Limit, o limiter.RedisOptions, clock clockwork.Clock) replica {
 	t.Helper()
+	const patience = 10 * time.Second
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
-		DialTimeout: 50 * time.Millisecond, ReadTimeout: 50 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+		DialTimeout: patience, ReadTimeout: patience, WriteTimeout: patience})
 	t.Cleanup(func() { rdb.Close() })
 	if o.RetryEvery == 0 {
 		o.RetryEvery = 200 * time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = patience
 	}
 	shared := limiter.NewRedis(rdb, o)
 	set, err := limiter.NewSet(limits, clock, limiter.WithRedis(shared))
@@ -44,6 +51,17 @@ func newReplica(t testing.TB, srv *redistest.Server, limits map[string]limiter.L
 		t.Fatalf("NewSet(%v, WithRedis) = %v", limits, err)
 	}
 	return replica{set, shared}
+}
+
+// untilWaiting waits until clock holds a timer: a request waiting for its token. It
+// fails t after blockTimeout, a bound only a broken limiter reaches.
+func untilWaiting(t testing.TB, clock *clockwork.FakeClock) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), blockTimeout)
+	defer cancel()
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("no request waits on the clock after %v: %v", blockTimeout, err)
+	}
 }
 
 // flood sends requests of client to route on each replica from one goroutine per
@@ -130,7 +148,7 @@ func TestRedisRateShared(t *testing.T) {
 	stop := make(chan struct{})
 	start := time.Now()
 	time.AfterFunc(1500*time.Millisecond, func() { close(stop) })
-	counts := flood(t, reps, "file_result", "", stop, time.Second)
+	counts := flood(t, reps, "file_result", "", stop, 10*time.Second)
 	elapsed := time.Since(start).Seconds()
 	total := counts[0][limiter.Allowed] + counts[1][limiter.Allowed]
 	most := burst + rate*elapsed + 1
@@ -199,13 +217,15 @@ func TestRedisFallbackAndBack(t *testing.T) {
 		}
 	}
 	rdb := srv.Client(t)
-	if keys, err := rdb.Keys(context.Background(), "rate:mdproxy:limit:file_result:*").Result(); err != nil || len(keys) != 1 {
-		t.Errorf("KEYS rate:mdproxy:limit:file_result:* = %q, %v after Redis came back, want one key", keys, err)
+	if keys, err := rdb.Keys(context.Background(), "mdproxy:limit:file_result:*").Result(); err != nil || len(keys) != 1 {
+		t.Errorf("KEYS mdproxy:limit:file_result:* = %q, %v after Redis came back, want one key", keys, err)
 	}
 }
 
 // TestRedisKeysExpire checks that the keys of the route's bucket and of a client's
-// share expire once the bucket would be full again, and that no key holds the apikey.
+// share expire once the bucket has been full again for as long as it takes to empty
+// (so that a replica's view of a key never outlives the key but by its loss: see
+// gcraScript), and that no key holds the apikey.
 func TestRedisKeysExpire(t *testing.T) {
 	srv := redistest.Start(t)
 	limits := map[string]limiter.Limit{"file_result": {Rate: 2, Burst: 4, ClientLimit: 3, ClientWindow: time.Minute}}
@@ -223,8 +243,8 @@ func TestRedisKeysExpire(t *testing.T) {
 		t.Errorf("keys = %q, want the route's and the client's", keys)
 	}
 	for _, k := range keys {
-		if !strings.HasPrefix(k, "rate:test:") {
-			t.Errorf("key %q, want it under redis_rate's rate: and the prefix test:", k)
+		if !strings.HasPrefix(k, "test:") {
+			t.Errorf("key %q, want it under the prefix test:", k)
 		}
 		if strings.Contains(k, "secret-apikey") {
 			t.Errorf("key %q holds the client's apikey", k)
@@ -233,14 +253,15 @@ func TestRedisKeysExpire(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The route: one token used at 2/s refills in 0.5 s, rounded up to a second by
-		// redis_rate; the client: one of 3 a minute, 20 s.
-		want := time.Second
+		// The route: one token used at 2/s refills in 0.5 s, and 4 take 2 s; the
+		// client: one of 3 a minute, 20 s, and 3 take a minute. A millisecond more for
+		// the rounding up to whole milliseconds.
+		want := 2500 * time.Millisecond
 		if strings.Contains(k, ":client:") {
-			want = 20 * time.Second
+			want = 80 * time.Second
 		}
-		if ttl <= 0 || ttl > want {
-			t.Errorf("PTTL %s = %v, want above 0 and at most %v", k, ttl, want)
+		if ttl <= want-time.Second || ttl > want+time.Millisecond {
+			t.Errorf("PTTL %s = %v, want about %v", k, ttl, want)
 		}
 	}
 }
@@ -260,9 +281,7 @@ func TestRedisWaitOnClock(t *testing.T) {
 	}
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- l.Acquire(ctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(time.Second)
 	d := <-got
 	if d.Outcome != limiter.Delayed || d.Waited < 900*time.Millisecond || d.Waited > time.Second {
@@ -273,17 +292,13 @@ func TestRedisWaitOnClock(t *testing.T) {
 	// token goes back: a fourth waits no longer than the third would have.
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { got <- l.Acquire(cctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	cancel()
 	if d := <-got; d.Outcome != limiter.Canceled {
 		t.Errorf("third request, canceled: %v, want canceled", d.Outcome)
 	}
 	go func() { got <- l.Acquire(ctx, "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(2 * time.Second)
 	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > 2*time.Second {
 		t.Errorf("fourth request: %v after %v, want delayed at most 2s (the third's token given back)", d.Outcome, d.Waited)
@@ -312,9 +327,7 @@ func TestRedisWithMaxWait(t *testing.T) {
 	}
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- l.Acquire(limiter.WithMaxWait(ctx, 2*time.Second), "") }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	untilWaiting(t, clock)
 	clock.Advance(time.Second)
 	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > time.Second {
 		t.Errorf("request, bound 2s, after three refused: %+v, want delayed at most 1s (the refused took nothing)", d)
@@ -406,7 +419,7 @@ func equalOutcomes(a, b []limiter.Outcome) bool {
 }
 
 // BenchmarkRedisDecision measures a decision in Redis (loopback redis-server, one
-// round trip: EVALSHA of redis_rate's GCRA) beside the same decision by a local
+// round trip: EVALSHA of the GCRA script) beside the same decision by a local
 // bucket.
 func BenchmarkRedisDecision(b *testing.B) {
 	srv := redistest.Start(b)
@@ -500,7 +513,7 @@ func TestRedisFallbackSaysWhy(t *testing.T) {
 	ctx := context.Background()
 	r.set.Limiter("file_result").Acquire(ctx, "")
 	rdb := srv.Client(t)
-	keys, err := rdb.Keys(ctx, "rate:*limit:file_result:*").Result()
+	keys, err := rdb.Keys(ctx, "*limit:file_result:*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("KEYS = %q, %v; want the route's key", keys, err)
 	}

@@ -68,3 +68,35 @@ func (c modeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(limiterModeDesc, prometheus.GaugeValue, v, m)
 	}
 }
+
+// RestoresReporter is what RegisterLimiterRestores reads at each scrape;
+// *limiter.Redis is one.
+type RestoresReporter interface {
+	// Restores calls f for each route with a bucket on Redis and each kind of key
+	// (route: the route's bucket; client: a client's share, a fixed set): the keys of
+	// that kind found lost in Redis and restored from this replica's view, since the
+	// start.
+	Restores(f func(route, kind string, n uint64))
+}
+
+// RegisterLimiterRestores registers on reg mdproxy_limiter_redis_restores_total by
+// route and bucket (counter), read from r at each scrape; every route with a bucket on
+// Redis has its two series from the start. It panics if it is already registered.
+func RegisterLimiterRestores(reg prometheus.Registerer, r RestoresReporter) {
+	reg.MustRegister(restoresCollector{r})
+}
+
+var restoresDesc = prometheus.NewDesc(Namespace+"_limiter_redis_restores_total",
+	"Limiter keys this replica found lost in Redis (evicted under maxmemory, flushed, or Redis restarted empty) while its last view of them was still ahead, and restored from that view, by route and bucket (route: the route's bucket; client: a client's share). Above 0: Redis is short of memory for the limits.",
+	[]string{"route", "bucket"}, nil)
+
+// restoresCollector reads a RestoresReporter at scrape time.
+type restoresCollector struct{ r RestoresReporter }
+
+func (c restoresCollector) Describe(ch chan<- *prometheus.Desc) { ch <- restoresDesc }
+
+func (c restoresCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.Restores(func(route, kind string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(restoresDesc, prometheus.CounterValue, float64(n), route, kind)
+	})
+}

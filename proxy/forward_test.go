@@ -784,6 +784,22 @@ func TestUpstreamErrorLogSampled(t *testing.T) {
 	}
 }
 
+// TestUpstreamErrorLogClockStepBack: the sampling of upstream error lines keeps its
+// last line's instant on the wall clock; a clock stepped back (that instant an hour
+// ahead) must not silence the lines until the clock catches up.
+func TestUpstreamErrorLogClockStepBack(t *testing.T) {
+	var logs syncBuffer
+	rt := &route{log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	err := errors.New("connection refused")
+	rt.logUpstream("refused", err)
+	rt.logUpstream("refused", err) // within the second: sampled out
+	rt.lastLog.Store(time.Now().Add(time.Hour).UnixNano())
+	rt.logUpstream("refused", err)
+	if n := strings.Count(logs.String(), `"msg":"upstream error"`); n != 2 {
+		t.Errorf("%d upstream error lines, want 2: the first, and the first after the clock stepped back an hour", n)
+	}
+}
+
 // TestUpstreamResponsesCounted checks that Core's own answers are counted by code apart
 // from the proxy's: Core's 503 (queue full) shows in upstream_responses_total, a
 // rejection by the proxy's bucket does not.

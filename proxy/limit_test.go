@@ -200,9 +200,9 @@ func TestFloodFakeClock(t *testing.T) {
 // at each step, all at once). Each keeps getting about 2 a second, the same whatever the
 // other does, and every refusal is the client's share's.
 //
-// The polls are 100 ms out of step with the windows, as a real client's are: polls on
-// the windows' boundaries exactly (0, 250, 500, 750 ms) get 1.5 a second from the
-// sliding window's rounding (httprate's: an estimate of 1.5 counts as 2).
+// A share is a token bucket of 2 refilled at 2 a second (limiter.Limit.ClientLimit):
+// each client gets its 2 at once, then one each 500 ms, 21 over the 9.75 s; the polls
+// start 100 ms into a second, which changes nothing (there are no windows to fall on).
 func TestClientShare(t *testing.T) {
 	clock := newFakeClock()
 	clock.Advance(100 * time.Millisecond)

@@ -853,7 +853,9 @@ func (rt *route) logUpstream(kind string, err error) {
 	n := rt.unlogged.Add(1)
 	now := time.Now().UnixNano()
 	last := rt.lastLog.Load()
-	if now-last < int64(time.Second) || !rt.lastLog.CompareAndSwap(last, now) {
+	// A line less than a second ago waits; one "in the future" means the clock stepped
+	// back, and must not silence the log until the clock catches up.
+	if since := now - last; (since >= 0 && since < int64(time.Second)) || !rt.lastLog.CompareAndSwap(last, now) {
 		return
 	}
 	rt.unlogged.Add(-n)

@@ -77,9 +77,10 @@ type Config struct {
 	// the listener closed before they are cut. Default 30s; 0 cuts them at once.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 	// ClientKeysMax is the most client keys that each route's per-client share tracks
-	// at once; idle keys are freed after a window. Beyond it, a new key's requests skip
-	// the per-client check (the route's bucket still applies), counted and logged.
-	// Default 100000; must be above 0.
+	// at once, and, with Redis, the most views of clients' shares in Redis that the
+	// replica keeps; a key is freed once its bucket is full again (within a window).
+	// Beyond it, a new key's requests skip the per-client check (the route's bucket
+	// still applies), counted and logged. Default 100000; must be above 0.
 	ClientKeysMax int `env:"CLIENT_KEYS_MAX" envDefault:"100000"`
 	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
 	// (the peer's, or a trusted proxy's X-Forwarded-For or X-Real-IP) are grouped into
@@ -271,8 +272,8 @@ const (
 	maxSettle = time.Minute
 )
 
-// maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 30 to 60 bytes a key, at most
-// 600 MB a route.
+// maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 20 to 40 bytes a key, at most
+// 400 MB a route (with Redis, 40 to 85 bytes more for the replica's views: 1.25 GB).
 const maxClientKeys = 10_000_000
 
 // configWants says what the variables whose range validate checks accept, by name

@@ -77,6 +77,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		shared := limiter.NewRedis(rdb, limiter.RedisOptions{Prefix: cfg.RedisPrefix,
 			Timeout: cfg.RedisTimeout, Replicas: cfg.Replicas, Logger: log})
 		limitOpts = append(limitOpts, limiter.WithRedis(shared))
+		metrics.RegisterLimiterRestores(reg, shared)
 		mode = shared.Mode
 		pctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 		if err := rdb.Ping(pctx).Err(); err != nil {

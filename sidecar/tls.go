@@ -232,12 +232,20 @@ func (r *certReloader) parse(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	return nil, &pairError{name: r.keyVar, want: "want the PEM private key of " + EnvPrefix + r.certVar + "'s certificate", cause: err}
 }
 
+// due reports whether the files are to be checked at now: the check interval is over,
+// or the clock stepped back since the last check (next is more than an interval
+// ahead), which must not stop the checks until the clock catches up.
+func (r *certReloader) due(now time.Time) bool {
+	n, next := now.UnixNano(), r.next.Load()
+	return n >= next || n < next-int64(r.interval)
+}
+
 // certificate returns the certificate to present, first loading a renewal when the
 // check interval is over and the files changed.
 func (r *certReloader) certificate() *tls.Certificate {
-	if now := r.now(); now.UnixNano() >= r.next.Load() && r.mu.TryLock() {
+	if now := r.now(); r.due(now) && r.mu.TryLock() {
 		// Another handshake checking meanwhile serves the certificate held.
-		if now.UnixNano() >= r.next.Load() {
+		if r.due(now) {
 			r.reload()
 			r.next.Store(r.now().Add(r.interval).UnixNano())
 		}

@@ -282,6 +282,19 @@ func TestCertReloader(t *testing.T) {
 	if n := strings.Count(logs.String(), "the certificate in use is outside its validity period"); n != 2 {
 		t.Errorf("%d warnings of a certificate in use out of date, want 2: %s", n, logs.String())
 	}
+
+	// The clock stepped back an hour: the checks go on, rather than wait until the clock
+	// is back where it was; stepped forward, they go on too.
+	fourth := ca.Issue(t, "fourth", "127.0.0.1")
+	fourth.WriteTo(t, first.CertFile, first.KeyFile)
+	now = now.Add(-time.Hour)
+	want("renewal after the clock stepped back an hour", fourth)
+	fifth := ca.Issue(t, "fifth", "127.0.0.1")
+	fifth.WriteTo(t, first.CertFile, first.KeyFile)
+	now = now.Add(interval - time.Millisecond)
+	want("renewed, before the interval after the step back is over", fourth)
+	now = now.Add(time.Hour)
+	want("renewal after the clock stepped forward an hour", fifth)
 }
 
 // tlsUpstream is a stand-in for Core behind HTTPS, with a certificate for core.internal
