@@ -288,13 +288,17 @@ func TestCertReloader(t *testing.T) {
 	fourth := ca.Issue(t, "fourth", "127.0.0.1")
 	fourth.WriteTo(t, first.CertFile, first.KeyFile)
 	now = now.Add(-time.Hour)
-	want("renewal after the clock stepped back an hour", fourth)
+	want("renewal after the clock stepped back an hour, at its first check", expired)
+	now = now.Add(interval)
+	want("renewal after the clock stepped back an hour, settled", fourth)
 	fifth := ca.Issue(t, "fifth", "127.0.0.1")
 	fifth.WriteTo(t, first.CertFile, first.KeyFile)
 	now = now.Add(interval - time.Millisecond)
-	want("renewed, before the interval after the step back is over", fourth)
+	want("renewed, before the interval after the last check is over", fourth)
 	now = now.Add(time.Hour)
-	want("renewal after the clock stepped forward an hour", fifth)
+	want("renewal after the clock stepped forward an hour, at its first check", fourth)
+	now = now.Add(interval)
+	want("renewal after the clock stepped forward an hour, settled", fifth)
 }
 
 // tlsUpstream is a stand-in for Core behind HTTPS, with a certificate for core.internal
