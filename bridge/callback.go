@@ -110,7 +110,7 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 	// Claim the secret: of concurrent deliveries, only one stores.
 	now := b.now()
 	b.mu.Lock()
-	e := b.bySecret[h]
+	e := b.ids.bySecret[h]
 	if e == nil || subtle.ConstantTimeCompare(e.secret[:], h[:]) != 1 {
 		// Not submitted yet: hold an early callback for Submitted.
 		ie := b.issued[h]
@@ -132,7 +132,7 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
 		return
 	}
-	delete(b.bySecret, h)
+	delete(b.ids.bySecret, h)
 	b.calledBackLocked(now, e.submitted)
 	b.mu.Unlock()
 
@@ -149,7 +149,7 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 // look-up's timing depends on h, a digest, and the digest found is compared in constant
 // time. b.mu must be held.
 func (b *Bridge) liveLocked(h [32]byte) bool {
-	if e := b.bySecret[h]; e != nil {
+	if e := b.ids.bySecret[h]; e != nil {
 		return subtle.ConstantTimeCompare(e.secret[:], h[:]) == 1
 	}
 	if ie := b.issued[h]; ie != nil && ie.early == nil {
