@@ -30,15 +30,11 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"golang.org/x/sync/semaphore"
-	"io"
 	"log/slog"
-	"mime"
-	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -51,7 +47,7 @@ const (
 	DefaultRefresh          = 60 * time.Second
 	DefaultPendingTTL       = 24 * time.Hour
 	DefaultMaxCallbackBytes = 64 << 20
-	DefaultMaxPendingBytes  = 16 << 20
+	DefaultMaxPendingBytes  = 32 << 20
 )
 
 // CallbackPath is the path prefix of the callback listener: Core posts a result to
@@ -115,9 +111,16 @@ type Options struct {
 	// MaxCallbackBytes caps the body of a callback, in bytes; a larger one is refused
 	// (413). Zero: DefaultMaxCallbackBytes, 64 MiB.
 	MaxCallbackBytes int64
-	// MaxPendingBytes caps, in bytes, Core's replies (not final) held as the pending
-	// answers of pending ids, all ids together (see Observe). Zero:
-	// DefaultMaxPendingBytes, 16 MiB.
+	// MaxPendingBytes caps, in bytes, what the pending ids hold, all together: this
+	// replica's submissions and the other replicas' ids that polls here met
+	// (MDPROXY_BRIDGE_PENDING_MAX_BYTES). Each weighs its data_id and 512 bytes (its
+	// records, measured at 287 to 452), plus Core's reply (not final) it holds as its
+	// answer (see Observe): that reply's body and Content-Type and 64 bytes. A new
+	// pending id that would pass the cap drops the oldest ones (counted, see
+	// PendingDropped), whose polls then go to Core as an expired one's do (with a
+	// shared store, which still holds the id, they are answered as another replica's
+	// submission); a reply that would pass it is not kept. Zero:
+	// DefaultMaxPendingBytes, 32 MiB (61,000 ids of 32 bytes without replies).
 	MaxPendingBytes int64
 	// Now is the clock. Nil: time.Now.
 	Now func() time.Time
@@ -135,17 +138,11 @@ type Bridge struct {
 	refresh    time.Duration
 	pendingTTL time.Duration
 	maxBody    int64
-	maxLast    int64 // Options.MaxPendingBytes
 	now        func() time.Time
 	log        *slog.Logger
 
-	mu       sync.Mutex
-	pending  map[string]*pendingEntry   // this replica's submissions, by data_id
-	bySecret map[[32]byte]*pendingEntry // the same entries, by the SHA-256 of their secret
-	// shared holds, by data_id, the ids another replica submitted (the store's pending
-	// ids) that polls here met: what this replica asked and learnt of them. The store's
-	// word decides whether one is still pending; always empty with a MemoryStore.
-	shared map[string]*pendingEntry
+	mu  sync.Mutex
+	ids pendingIDs // the pending ids, own and shared, within MaxPendingBytes
 	// lastCallback is when the last callback was stored; zero: none yet.
 	lastCallback time.Time
 	// missedCallback is when Core last answered a question about a pending id with its
@@ -154,11 +151,6 @@ type Bridge struct {
 	// newestCalledBack is the latest submission time among the ids whose callback was
 	// stored; zero: none yet.
 	newestCalledBack time.Time
-	// lastSweep is when pending entries older than pendingTTL were last dropped.
-	lastSweep time.Time
-	// lastBytes is the size of Core's replies held as pending answers (the lastOwn of
-	// every entry), at most maxLast.
-	lastBytes int64
 	// issued holds the secrets Callback gave out and Submitted did not take yet, by
 	// their SHA-256, for issuedTTL; earlyBytes is the size of the early callback bodies
 	// they hold, at most maxBody.
@@ -171,27 +163,11 @@ type Bridge struct {
 	// it is stored: Poll looks in the store again when one was dropped during its own
 	// look-up, which may have missed the result by a moment.
 	drops atomic.Uint64
+	// overflows counts the pending entries dropped over MaxPendingBytes (addLocked).
+	overflows atomic.Uint64
 	// bodies bounds the callback bodies read at once to maxBody bytes in all: each
 	// callback takes its Content-Length (maxBody when unknown) while it is read.
 	bodies *semaphore.Weighted
-}
-
-// pendingEntry is a submission whose final result has not arrived.
-type pendingEntry struct {
-	dataID    string
-	secret    [32]byte // SHA-256 of the callback secret
-	owner     Owner
-	submitted time.Time
-	// last is the answer to a poll: Core's last 200 reply for the id, or InProgress;
-	// lastOwn is len(last) when it is Core's reply (counted in Bridge.lastBytes), 0
-	// for InProgress.
-	last     []byte
-	lastType string
-	lastOwn  int64
-	// asked is when Poll last answered Overdue; zero: never.
-	asked time.Time
-	// shared: another replica's submission, known from the store (no secret here).
-	shared bool
 }
 
 // issuedEntry is a secret given out by Callback whose submission is not recorded yet.
@@ -229,7 +205,7 @@ func New(o Options) (*Bridge, error) {
 	case o.MaxCallbackBytes < 0:
 		return nil, fmt.Errorf("bridge: the callback body cap %d is negative", o.MaxCallbackBytes)
 	case o.MaxPendingBytes < 0:
-		return nil, fmt.Errorf("bridge: the pending answers' cap %d is negative", o.MaxPendingBytes)
+		return nil, fmt.Errorf("bridge: the pending ids' cap %d is negative", o.MaxPendingBytes)
 	}
 	b := &Bridge{
 		base:       strings.TrimRight(o.CallbackURL, "/"),
@@ -238,14 +214,16 @@ func New(o Options) (*Bridge, error) {
 		refresh:    cmpOr(o.Refresh, DefaultRefresh),
 		pendingTTL: cmpOr(o.PendingTTL, DefaultPendingTTL),
 		maxBody:    cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes),
-		maxLast:    cmpOr(o.MaxPendingBytes, DefaultMaxPendingBytes),
 		bodies:     semaphore.NewWeighted(cmpOr(o.MaxCallbackBytes, DefaultMaxCallbackBytes)),
 		now:        o.Now,
 		log:        o.Logger,
-		pending:    map[string]*pendingEntry{},
-		bySecret:   map[[32]byte]*pendingEntry{},
-		shared:     map[string]*pendingEntry{},
 		issued:     map[[32]byte]*issuedEntry{},
+		ids: pendingIDs{
+			own:      map[string]*pendingEntry{},
+			bySecret: map[[32]byte]*pendingEntry{},
+			shared:   map[string]*pendingEntry{},
+			max:      cmpOr(o.MaxPendingBytes, DefaultMaxPendingBytes),
+		},
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -313,7 +291,8 @@ func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
 // Submitted records dataID as pending: submitted by owner with secret (as Callback
 // returned it), now. A dataID already pending is replaced, its old secret no longer
 // accepted. If Core's callback for secret came first (see Handler) and names dataID, its
-// result is stored for owner at once instead.
+// result is stored for owner at once instead. When the pending ids would then weigh
+// more than MaxPendingBytes, the oldest are dropped.
 //
 // The store is told first (Store.PutPending, which a shared store bounds by its
 // timeout), before the id is pending here: a callback that comes meanwhile is held as an
@@ -324,7 +303,7 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 	h := sha256.Sum256([]byte(secret))
 	b.store.PutPending(dataID, PendingID{Owner: owner, Submitted: now})
 	b.mu.Lock()
-	if old := b.pending[dataID]; old != nil {
+	if old := b.ids.own[dataID]; old != nil {
 		b.dropLocked(old)
 	}
 	if ie := b.issued[h]; ie != nil {
@@ -342,97 +321,14 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 		}
 	}
 	defer b.mu.Unlock()
-	e := &pendingEntry{
-		dataID:    dataID,
-		secret:    h,
-		owner:     owner,
-		submitted: now,
-		last:      InProgress(dataID),
-		lastType:  jsonType,
-	}
-	if old := b.bySecret[e.secret]; old != nil {
+	if old := b.ids.bySecret[h]; old != nil {
 		b.dropLocked(old) // a secret given twice: only the last submission keeps it
 	}
-	b.pending[dataID] = e
-	b.bySecret[e.secret] = e
 	b.sweepLocked(now)
-}
-
-// dropLocked forgets e. b.mu must be held.
-func (b *Bridge) dropLocked(e *pendingEntry) {
-	b.drops.Add(1)
-	b.forgetLastLocked(e)
-	if e.shared {
-		if b.shared[e.dataID] == e {
-			delete(b.shared, e.dataID)
-		}
-		return
-	}
-	if b.pending[e.dataID] == e {
-		delete(b.pending, e.dataID)
-	}
-	if b.bySecret[e.secret] == e {
-		delete(b.bySecret, e.secret)
-	}
-}
-
-// sweepLocked drops the entries older than pendingTTL, at most once per refresh
-// interval, so that ids nobody polls and whose callback never comes do not pile up.
-// b.mu must be held.
-func (b *Bridge) sweepLocked(now time.Time) {
-	if !b.lastSweep.IsZero() && now.Sub(b.lastSweep) < min(b.refresh, b.pendingTTL) {
-		return
-	}
-	b.lastSweep = now
-	for _, m := range []map[string]*pendingEntry{b.pending, b.shared} {
-		for _, e := range m {
-			if now.Sub(e.submitted) > b.pendingTTL {
-				b.dropLocked(e)
-			}
-		}
-	}
-}
-
-// entryLocked returns the pending entry of dataID: this replica's submission, or
-// another's that the store (se, its Lookup) holds pending; nil if neither. A shared
-// entry the store no longer holds is forgotten, and one it holds anew (another owner or
-// submission time) replaces the old. b.mu must be held.
-func (b *Bridge) entryLocked(dataID string, se Entry) *pendingEntry {
-	if e := b.pending[dataID]; e != nil {
-		return e
-	}
-	e := b.shared[dataID]
-	if !se.IsPending {
-		if e != nil {
-			b.dropLocked(e)
-		}
-		return nil
-	}
-	p := se.Pending
-	if e == nil || e.owner != p.Owner || !e.submitted.Equal(p.Submitted) {
-		if e != nil {
-			b.forgetLastLocked(e)
-		}
-		e = &pendingEntry{
-			dataID:    dataID,
-			owner:     p.Owner,
-			submitted: p.Submitted,
-			last:      InProgress(dataID),
-			lastType:  jsonType,
-			shared:    true,
-		}
-		b.shared[dataID] = e
-	}
-	return e
-}
-
-// knownLocked returns the pending entry of dataID as this replica knows it, without
-// asking the store: its own, or a shared one a poll met. b.mu must be held.
-func (b *Bridge) knownLocked(dataID string) *pendingEntry {
-	if e := b.pending[dataID]; e != nil {
-		return e
-	}
-	return b.shared[dataID]
+	e := &pendingEntry{dataID: dataID, secret: h, owner: owner, submitted: now}
+	b.ids.own[dataID] = e
+	b.ids.bySecret[h] = e
+	b.addLocked(e, now)
 }
 
 // Source says where the answer to a poll comes from.
@@ -478,7 +374,8 @@ type Answer struct {
 // callback never came, and until a callback is stored again, the callback path looks
 // broken (Core cannot reach the listener): every poll of a pending id is Overdue, so that
 // results come home as fast as the route's limit lets them, never slower than without
-// the bridge. A pending id older than PendingTTL is dropped (Miss).
+// the bridge. A pending id older than PendingTTL is dropped (Miss), as is one dropped
+// to keep the pending ids within MaxPendingBytes.
 //
 // Only callbacks that were stored count as arrived, so forged ones cannot hold back the
 // questions to Core. A stored hit takes no lock of the bridge.
@@ -525,7 +422,7 @@ func (b *Bridge) pollLocked(dataID string, owner Owner, se Entry) (a Answer, los
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.entryLocked(dataID, se)
+	e := b.entryLocked(dataID, se, now)
 	if e == nil || e.owner != owner {
 		return Answer{Source: Miss}, nil
 	}
@@ -536,7 +433,8 @@ func (b *Bridge) pollLocked(dataID string, owner Owner, se Entry) (a Answer, los
 	if se.Checked && !se.IsPending && !se.Stored && !e.shared {
 		lost = &PendingID{Owner: e.owner, Submitted: e.submitted}
 	}
-	a = Answer{Source: Pending, Body: e.last, ContentType: e.lastType}
+	a = Answer{Source: Pending}
+	a.Body, a.ContentType = e.answer()
 	if b.callbacksLostLocked() {
 		// No callback comes at all: every poll asks Core, within the route's limit, as
 		// without the bridge but never answered with the limit's 503.
@@ -550,10 +448,6 @@ func (b *Bridge) pollLocked(dataID string, owner Owner, se Entry) (a Answer, los
 	return a, lost
 }
 
-// overdueLocked reports whether e's callback looks overdue at now: a callback was
-// stored for an id submitted more than refresh after e, or no callback was stored for
-// refresh while e was pending (now - max(last callback, e's submission) >= refresh).
-// b.mu must be held.
 // callbacksLostLocked reports whether the callback path looks broken: since the last
 // callback was stored, Core answered a question about an overdue id with the id's final
 // result, its callback never come (Core cannot reach the listener, or lost its webhook
@@ -563,6 +457,10 @@ func (b *Bridge) callbacksLostLocked() bool {
 	return b.missedCallback.After(b.lastCallback)
 }
 
+// overdueLocked reports whether e's callback looks overdue at now: a callback was
+// stored for an id submitted more than refresh after e, or no callback was stored for
+// refresh while e was pending (now - max(last callback, e's submission) >= refresh).
+// b.mu must be held.
 func (b *Bridge) overdueLocked(e *pendingEntry, now time.Time) bool {
 	if b.newestCalledBack.Sub(e.submitted) > b.refresh {
 		return true
@@ -601,7 +499,7 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 			return
 		}
 		b.mu.Lock()
-		e := b.entryLocked(dataID, se)
+		e := b.entryLocked(dataID, se, b.now())
 		b.mu.Unlock()
 		if e != nil && e.owner != owner {
 			return // the submitter's callback is still to come: keep its place
@@ -614,7 +512,7 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 		b.store.Put(dataID, Result{Body: bytes.Clone(body), ContentType: contentType, Owner: owner})
 		if e != nil {
 			b.mu.Lock()
-			if !e.shared && b.pending[dataID] == e {
+			if !e.shared && b.ids.own[dataID] == e {
 				b.missedCallback = b.now() // a final result, and no callback for it
 			}
 			b.dropLocked(e)
@@ -625,28 +523,8 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e := b.knownLocked(dataID); e != nil && e.owner == owner {
-		b.setLastLocked(e, body, contentType)
+		b.setReplyLocked(e, body, contentType)
 	}
-}
-
-// setLastLocked makes body, Core's reply (not final) about e's id, e's pending answer,
-// unless the replies held for pending ids would then weigh more than maxLast: then e
-// keeps its answer (an earlier reply, or InProgress), which shows less progress, so
-// that the ids that wait for their callbacks (at most PendingTTL) cannot hold an
-// unbounded sum of Core's replies (each up to 64 MiB). b.mu must be held.
-func (b *Bridge) setLastLocked(e *pendingEntry, body []byte, contentType string) {
-	n := int64(len(body))
-	if b.lastBytes-e.lastOwn+n > b.maxLast {
-		return
-	}
-	b.lastBytes += n - e.lastOwn
-	e.last, e.lastOwn, e.lastType = bytes.Clone(body), n, contentType
-}
-
-// forgetLastLocked takes e's pending answer out of lastBytes, once. b.mu must be held.
-func (b *Bridge) forgetLastLocked(e *pendingEntry) {
-	b.lastBytes -= e.lastOwn
-	e.lastOwn = 0
 }
 
 // NotAsked records that a poll of dataID by owner that Poll answered Overdue did not
@@ -699,19 +577,6 @@ func (b *Bridge) Gone(dataID string, owner Owner) {
 	}
 }
 
-// PendingLen returns the number of pending ids this replica submitted (not the ones of
-// other replicas a shared store holds), after dropping those older than
-// PendingTTL if a sweep is due (and forgetting the secrets given out and not submitted
-// for issuedTTL).
-func (b *Bridge) PendingLen() int {
-	now := b.now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.sweepLocked(now)
-	b.sweepIssuedLocked(now)
-	return len(b.pending)
-}
-
 // Callbacks returns the number of callbacks received since New, by outcome: a key for
 // each outcome (OutcomeStored, OutcomeForged, OutcomeInvalid, OutcomeBusy), always all
 // of them.
@@ -723,177 +588,4 @@ func (b *Bridge) Callbacks() map[string]float64 {
 		OutcomeInvalid: float64(b.invalid.Load()),
 		OutcomeBusy:    float64(b.busy.Load()),
 	}
-}
-
-// Handler is the callback listener's http.Handler: POST /callback/{secret} (after the
-// path of CallbackURL, if it has one, or without it, as a proxy in front that takes it
-// off passes it on) with a JSON body
-// whose data_id is the pending id registered with that secret (constant-time comparison of
-// the secret: crypto/subtle; look the secret up so that timing reveals nothing usable,
-// e.g. keep pending entries by the SHA-256 of the secret), body at most MaxCallbackBytes,
-// a final result: stored (owner = the submitter's), pending dropped, 200. Anything else
-// changes nothing and is counted: wrong or unknown secret (404), replay after storing (404),
-// data_id mismatch or invalid JSON or not final (400), oversized (413), other methods (405).
-//
-// The secret is looked up by its SHA-256, so the timing of the map look-up depends on a
-// digest, which tells nothing of a secret, and the digest found is compared in constant
-// time. A body is read only on a live secret path. Refusals answer Core's error format,
-// {"err": "..."}. Each request is counted under one of the Outcome constants.
-//
-// A callback may arrive before Core's answer to its submission was recorded (a small
-// file, scanned before the proxy read that answer): on a secret Callback gave out within
-// issuedTTL and not yet submitted, a final result with a data_id is held (200, once per
-// secret, early bodies at most MaxCallbackBytes in all) and Submitted stores it if its
-// data_id is the one Core answered (counted stored), else drops it (counted invalid). A
-// held result is served to no one before that.
-func (b *Bridge) Handler() http.Handler {
-	return http.HandlerFunc(b.serveCallback)
-}
-
-func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		b.refuse(w, &b.invalid, http.StatusMethodNotAllowed, "Method not allowed", "method", r.Method)
-		return
-	}
-	secret, ok := strings.CutPrefix(r.URL.Path, b.basePath+CallbackPath)
-	if !ok && b.basePath != "" {
-		secret, ok = strings.CutPrefix(r.URL.Path, CallbackPath) // a proxy took the base path off
-	}
-	if !ok || secret == "" || strings.Contains(secret, "/") {
-		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "path")
-		return
-	}
-	h := sha256.Sum256([]byte(secret))
-	b.mu.Lock()
-	live := b.liveLocked(h)
-	b.mu.Unlock()
-	if !live {
-		b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
-		return
-	}
-
-	if r.ContentLength > b.maxBody {
-		b.refuse(w, &b.invalid, http.StatusRequestEntityTooLarge, "Request body too large", "reason", "size")
-		return
-	}
-	need := r.ContentLength
-	if need < 0 {
-		need = b.maxBody
-	}
-	if !b.bodies.TryAcquire(need) {
-		w.Header().Set("Retry-After", "1")
-		b.refuse(w, &b.busy, http.StatusServiceUnavailable, "Server is too busy. Try again later.", "reason", "busy")
-		return
-	}
-	defer b.bodies.Release(need)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, b.maxBody))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			b.refuse(w, &b.invalid, http.StatusRequestEntityTooLarge, "Request body too large", "reason", "size")
-			return
-		}
-		b.refuse(w, &b.invalid, http.StatusBadRequest, "Incomplete request body", "reason", "read", "err", err)
-		return
-	}
-	if cap(body)-len(body) > len(body)/8 {
-		body = bytes.Clone(body) // the store weighs len(body): hold no more than that
-	}
-	res, err := parseResult(body)
-	switch {
-	case err != nil:
-		b.refuse(w, &b.invalid, http.StatusBadRequest, "Invalid JSON", "reason", "json")
-		return
-	case res.DataID == nil || *res.DataID == "":
-		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
-		return
-	case !res.final():
-		b.refuse(w, &b.invalid, http.StatusBadRequest, "Result not final", "reason", "progress")
-		return
-	}
-	ct := r.Header.Get("Content-Type")
-	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonType {
-		// The body is a JSON object: served as JSON whatever Core labelled it
-		// ("application/jsonp" is not JSON; "Application/JSON" is, and kept).
-		ct = jsonType
-	}
-
-	// Claim the secret: of concurrent deliveries, only one stores.
-	now := b.now()
-	b.mu.Lock()
-	e := b.bySecret[h]
-	if e == nil || subtle.ConstantTimeCompare(e.secret[:], h[:]) != 1 {
-		// Not submitted yet: hold an early callback for Submitted.
-		ie := b.issued[h]
-		if ie == nil || ie.early != nil || subtle.ConstantTimeCompare(ie.secret[:], h[:]) != 1 ||
-			b.earlyBytes+int64(len(body)) > b.maxBody {
-			b.mu.Unlock()
-			b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
-			return
-		}
-		ie.early, ie.earlyID, ie.earlyType, ie.earlyAt = body, *res.DataID, ct, now
-		b.earlyBytes += int64(len(body))
-		b.mu.Unlock()
-		b.log.Debug("bridge callback held until its submission is recorded")
-		answerStored(w)
-		return
-	}
-	if subtle.ConstantTimeCompare([]byte(*res.DataID), []byte(e.dataID)) != 1 {
-		b.mu.Unlock()
-		b.refuse(w, &b.invalid, http.StatusBadRequest, "Wrong data_id", "reason", "data_id")
-		return
-	}
-	delete(b.bySecret, h)
-	b.calledBackLocked(now, e.submitted)
-	b.mu.Unlock()
-
-	b.store.Put(e.dataID, Result{Body: body, ContentType: ct, Owner: e.owner})
-	b.mu.Lock()
-	b.dropLocked(e)
-	b.mu.Unlock()
-	b.stored.Add(1)
-	answerStored(w)
-}
-
-// liveLocked reports whether h is the SHA-256 of a live secret: of a pending id, or
-// given out by Callback and not submitted yet, without an early callback. The map
-// look-up's timing depends on h, a digest, and the digest found is compared in constant
-// time. b.mu must be held.
-func (b *Bridge) liveLocked(h [32]byte) bool {
-	if e := b.bySecret[h]; e != nil {
-		return subtle.ConstantTimeCompare(e.secret[:], h[:]) == 1
-	}
-	if ie := b.issued[h]; ie != nil && ie.early == nil {
-		return subtle.ConstantTimeCompare(ie.secret[:], h[:]) == 1
-	}
-	return false
-}
-
-// calledBackLocked records that a callback arrived at for an id submitted at submitted,
-// for the overdue rules. b.mu must be held.
-func (b *Bridge) calledBackLocked(at, submitted time.Time) {
-	if at.After(b.lastCallback) {
-		b.lastCallback = at
-	}
-	if submitted.After(b.newestCalledBack) {
-		b.newestCalledBack = submitted
-	}
-}
-
-// answerStored answers an accepted callback: 200 {}.
-func answerStored(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", jsonType)
-	w.WriteHeader(http.StatusOK)
-	_, _ = io.WriteString(w, "{}")
-}
-
-// refuse answers a refused callback with status and Core's error body {"err": msg},
-// counts it in n and logs it at debug level with attrs (never the secret).
-func (b *Bridge) refuse(w http.ResponseWriter, n *atomic.Uint64, status int, msg string, attrs ...any) {
-	n.Add(1)
-	b.log.Debug("bridge callback refused", append([]any{"status", status}, attrs...)...)
-	w.Header().Set("Content-Type", jsonType)
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = fmt.Fprintf(w, "{\"err\":%q}\n", msg)
 }

@@ -861,35 +861,6 @@ func TestCallbacksLost(t *testing.T) {
 	}
 }
 
-// TestPendingAnswersBounded: Core's replies held as pending answers weigh at most
-// MaxPendingBytes in all; a reply that would pass the cap leaves the id its earlier
-// answer, and the room comes back when an id is dropped.
-func TestPendingAnswersBounded(t *testing.T) {
-	one := len(result("p0", 50, 255))
-	tb := newTestBridge(t, Options{MaxPendingBytes: int64(2*one + one/2)}) // room for two
-	for _, id := range []string{"p0", "p1", "p2"} {
-		tb.submit(t, id, alice)
-	}
-	for _, id := range []string{"p0", "p1", "p2"} {
-		tb.Observe(id, alice, result(id, 50, 255), "application/json")
-	}
-	wantPoll(t, tb.Bridge, "p0", alice, Pending, result("p0", 50, 255))
-	wantPoll(t, tb.Bridge, "p1", alice, Pending, result("p1", 50, 255))
-	wantPoll(t, tb.Bridge, "p2", alice, Pending, InProgress("p2")) // over the cap: its earlier answer
-	// A newer reply of an id that holds one replaces it within the cap.
-	tb.Observe("p1", alice, result("p1", 60, 255), "application/json")
-	wantPoll(t, tb.Bridge, "p1", alice, Pending, result("p1", 60, 255))
-	// p0 goes (Core lost it): its reply's room is p2's.
-	tb.Gone("p0", alice)
-	tb.Observe("p2", alice, result("p2", 70, 255), "application/json")
-	wantPoll(t, tb.Bridge, "p2", alice, Pending, result("p2", 70, 255))
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
-	if want := int64(len(result("p1", 60, 255)) + len(result("p2", 70, 255))); tb.lastBytes != want {
-		t.Errorf("lastBytes = %d, want %d (p1's and p2's replies)", tb.lastBytes, want)
-	}
-}
-
 // TestCallbackURLWithPath: with a callback URL that has a path, the listener takes
 // Core's callbacks at that path + /callback/{secret} (Core posts there), and at
 // /callback/{secret} (a proxy in front took the path off); nowhere else.

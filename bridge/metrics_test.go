@@ -69,6 +69,12 @@ func TestRegisterBridge(t *testing.T) {
 	if v := gauge("mdproxy_bridge_pending_ids"); v != 1 {
 		t.Errorf("mdproxy_bridge_pending_ids = %v, want 1", v)
 	}
+	if v, want := gauge("mdproxy_bridge_pending_bytes"), float64(idWeight("m2")); v != want {
+		t.Errorf("mdproxy_bridge_pending_bytes = %v, want %v (m2's weight)", v, want)
+	}
+	if ms := got["mdproxy_bridge_pending_dropped_total"]; len(ms) != 1 || ms[0].GetCounter() == nil || ms[0].GetCounter().GetValue() != 0 {
+		t.Errorf("mdproxy_bridge_pending_dropped_total = %v, want one counter at 0", ms)
+	}
 	if v := gauge("mdproxy_bridge_store_entries"); v != 1 {
 		t.Errorf("mdproxy_bridge_store_entries = %v, want 1", v)
 	}
@@ -79,7 +85,7 @@ func TestRegisterBridge(t *testing.T) {
 	if err != nil || len(problems) != 0 {
 		t.Errorf("GatherAndLint = %v, %v, want no problem", problems, err)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 7 {
-		t.Errorf("GatherAndCount = %d, %v, want 7 series (4 outcomes, 3 gauges)", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 9 {
+		t.Errorf("GatherAndCount = %d, %v, want 9 series (4 outcomes, a counter, 4 gauges)", n, err)
 	}
 }

@@ -186,6 +186,8 @@ var knownMetrics = []string{
 	"mdproxy_limit_max_wait_seconds", "mdproxy_limiter_client_keys", "mdproxy_limiter_client_untracked_requests_total",
 	"mdproxy_config_reloads_total", "mdproxy_bridge_polls_total", "mdproxy_bridge_callbacks_total",
 	"mdproxy_bridge_pending_ids", "mdproxy_bridge_store_entries", "mdproxy_bridge_store_bytes", "mdproxy_build_info",
+	// Issue 29.
+	"mdproxy_bridge_pending_bytes", "mdproxy_bridge_pending_dropped_total",
 	// Issue 12.
 	"mdproxy_limiter_mode", "mdproxy_redis_request_duration_seconds", "mdproxy_redis_errors_total",
 	// Issue 29.

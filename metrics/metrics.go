@@ -239,6 +239,11 @@ func (c clientKeysCollector) Collect(ch chan<- prometheus.Metric) {
 type BridgeReporter interface {
 	// PendingLen is the number of submissions whose result has not arrived.
 	PendingLen() int
+	// PendingBytes is what the pending ids hold, in bytes, as the bridge weighs them.
+	PendingBytes() int64
+	// PendingDropped is the number of pending ids dropped since the start to keep
+	// PendingBytes within its bound.
+	PendingDropped() uint64
 	// Callbacks is the number of callbacks received since the start by outcome, a key
 	// of a small fixed set (the bridge's stored, forged, invalid, busy) each.
 	Callbacks() map[string]float64
@@ -253,9 +258,10 @@ type StoreReporter interface {
 	Bytes() int64
 }
 
-// RegisterBridge registers on reg mdproxy_bridge_callbacks_total by outcome (counter),
-// mdproxy_bridge_pending_ids, mdproxy_bridge_store_entries and mdproxy_bridge_store_bytes
-// (gauges), read from b and s at each scrape. The outcome label values are the keys
+// RegisterBridge registers on reg mdproxy_bridge_callbacks_total by outcome and
+// mdproxy_bridge_pending_dropped_total (counters), mdproxy_bridge_pending_ids,
+// mdproxy_bridge_pending_bytes, mdproxy_bridge_store_entries and
+// mdproxy_bridge_store_bytes (gauges), read from b and s at each scrape. The outcome label values are the keys
 // b.Callbacks returns, a fixed set. It panics if they are already registered on reg.
 func RegisterBridge(reg prometheus.Registerer, b BridgeReporter, s StoreReporter) {
 	reg.MustRegister(bridgeCollector{b, s})
@@ -267,6 +273,12 @@ var (
 		[]string{"outcome"}, nil)
 	bridgePendingDesc = prometheus.NewDesc(Namespace+"_bridge_pending_ids",
 		"Submissions the bridge waits for: their callback has not arrived and no poll brought their final result, younger than MDPROXY_BRIDGE_PENDING_TTL.",
+		nil, nil)
+	bridgePendingBytesDesc = prometheus.NewDesc(Namespace+"_bridge_pending_bytes",
+		"What the pending ids hold, in bytes, as the bridge weighs them (each id's data_id and 512 bytes, plus Core's reply kept as its answer), this replica's and those of other replicas that polls here met; at most MDPROXY_BRIDGE_PENDING_MAX_BYTES.",
+		nil, nil)
+	bridgePendingDroppedDesc = prometheus.NewDesc(Namespace+"_bridge_pending_dropped_total",
+		"Pending ids dropped, the oldest first, because the pending ids would have weighed more than MDPROXY_BRIDGE_PENDING_MAX_BYTES; their polls go to Core under the route's limit.",
 		nil, nil)
 	bridgeStoreEntriesDesc = prometheus.NewDesc(Namespace+"_bridge_store_entries",
 		"Final results held in the bridge's result store; with MDPROXY_REDIS_URL, those this replica stored within MDPROXY_STORE_TTL (an estimate: the store is Redis's).",
@@ -285,6 +297,8 @@ type bridgeCollector struct {
 func (c bridgeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- bridgeCallbacksDesc
 	ch <- bridgePendingDesc
+	ch <- bridgePendingBytesDesc
+	ch <- bridgePendingDroppedDesc
 	ch <- bridgeStoreEntriesDesc
 	ch <- bridgeStoreBytesDesc
 }
@@ -294,6 +308,8 @@ func (c bridgeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(bridgeCallbacksDesc, prometheus.CounterValue, n, outcome)
 	}
 	ch <- prometheus.MustNewConstMetric(bridgePendingDesc, prometheus.GaugeValue, float64(c.b.PendingLen()))
+	ch <- prometheus.MustNewConstMetric(bridgePendingBytesDesc, prometheus.GaugeValue, float64(c.b.PendingBytes()))
+	ch <- prometheus.MustNewConstMetric(bridgePendingDroppedDesc, prometheus.CounterValue, float64(c.b.PendingDropped()))
 	ch <- prometheus.MustNewConstMetric(bridgeStoreEntriesDesc, prometheus.GaugeValue, float64(c.s.Len()))
 	ch <- prometheus.MustNewConstMetric(bridgeStoreBytesDesc, prometheus.GaugeValue, float64(c.s.Bytes()))
 }

@@ -46,6 +46,7 @@ func (c *Config) validateBridge(environ map[string]string) error {
 	}{
 		{"BRIDGE_REFRESH", c.BridgeRefresh <= 0 || c.BridgeRefresh > maxTimeout},
 		{"BRIDGE_PENDING_TTL", c.BridgePendingTTL <= 0 || c.BridgePendingTTL > maxTTL},
+		{"BRIDGE_PENDING_MAX_BYTES", c.BridgePendingMaxBytes < 1<<20},
 		{"STORE_MAX_BYTES", c.StoreMaxBytes < 1<<20}, {"STORE_TTL", c.StoreTTL <= 0 || c.StoreTTL > maxTTL},
 	} {
 		if t.bad {
@@ -119,11 +120,12 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		store, closeStore = rs, rs.Close
 	}
 	b, err := bridge.New(bridge.Options{
-		CallbackURL: base,
-		Store:       store,
-		Refresh:     cfg.BridgeRefresh,
-		PendingTTL:  cfg.BridgePendingTTL,
-		Logger:      blog,
+		CallbackURL:     base,
+		Store:           store,
+		Refresh:         cfg.BridgeRefresh,
+		PendingTTL:      cfg.BridgePendingTTL,
+		MaxPendingBytes: cfg.BridgePendingMaxBytes,
+		Logger:          blog,
 	})
 	if err != nil {
 		closeStore()

@@ -164,6 +164,10 @@ type Config struct {
 	// BridgePendingTTL is how long a submission waits for its result before the bridge
 	// forgets it (its polls are then forwarded). Default 24h.
 	BridgePendingTTL time.Duration `env:"BRIDGE_PENDING_TTL" envDefault:"24h"`
+	// BridgePendingMaxBytes bounds what the pending ids hold, in bytes: each id's
+	// data_id and 512 bytes, plus Core's reply it holds as its answer; beyond it the
+	// oldest ids are dropped (their polls are then forwarded). Default 33554432 (32 MiB).
+	BridgePendingMaxBytes int64 `env:"BRIDGE_PENDING_MAX_BYTES" envDefault:"33554432"`
 	// StoreMaxBytes bounds the bytes of final results kept, in bytes. Default 268435456
 	// (256 MiB).
 	StoreMaxBytes int64 `env:"STORE_MAX_BYTES" envDefault:"268435456"`
@@ -279,26 +283,27 @@ const maxClientKeys = 10_000_000
 // configWants says what the variables whose range validate checks accept, by name
 // less the prefix: the message of a value out of range and of one that does not parse.
 var configWants = map[string]string{
-	"LIMIT_STATUS":          "want 503 or 429",
-	"UPSTREAM_TIMEOUT":      "want a duration with its unit above 0, at most 24h (e.g. 60s)",
-	"UPSTREAM_DIAL_TIMEOUT": "want a duration with its unit above 0, at most 24h (e.g. 5s)",
-	"READ_HEADER_TIMEOUT":   "want a duration with its unit above 0, at most 24h (e.g. 10s)",
-	"IDLE_TIMEOUT":          "want a duration with its unit above 0, at most 24h (e.g. 120s)",
-	"BODY_IDLE_TIMEOUT":     "want a duration with its unit above 0, at most 24h (e.g. 60s)",
-	"SHUTDOWN_DELAY":        "want a duration with its unit >= 0, at most 24h (e.g. 5s); 0 = close the listener at once",
-	"SHUTDOWN_TIMEOUT":      "want a duration with its unit >= 0, at most 24h (e.g. 30s); 0 = cut in-flight requests at once",
-	"BRIDGE_REFRESH":        "want a duration with its unit above 0, at most 24h (e.g. 60s)",
-	"BRIDGE_PENDING_TTL":    "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
-	"STORE_MAX_BYTES":       "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
-	"UPLOAD_READ_BATCH":     fmt.Sprintf("want 0 (off) or a whole number of bytes from %d to %d (e.g. 524288)", minReadBatch, maxReadBatch),
-	"STORE_TTL":             "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
-	"REDIS_URL":             "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
-	"REDIS_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
-	"REPLICAS":              "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
-	"LIMITS_FILE_SETTLE":    "want a duration with its unit from 10ms to 1m (e.g. 1s)",
-	"CLIENT_IPV6_PREFIX":    "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
-	"CLIENT_IPV4_PREFIX":    "want a prefix length in bits from 1 to 32 (e.g. 32: each address its own key)",
-	"CLIENT_KEYS_MAX":       fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
+	"LIMIT_STATUS":             "want 503 or 429",
+	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"UPSTREAM_DIAL_TIMEOUT":    "want a duration with its unit above 0, at most 24h (e.g. 5s)",
+	"READ_HEADER_TIMEOUT":      "want a duration with its unit above 0, at most 24h (e.g. 10s)",
+	"IDLE_TIMEOUT":             "want a duration with its unit above 0, at most 24h (e.g. 120s)",
+	"BODY_IDLE_TIMEOUT":        "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"SHUTDOWN_DELAY":           "want a duration with its unit >= 0, at most 24h (e.g. 5s); 0 = close the listener at once",
+	"SHUTDOWN_TIMEOUT":         "want a duration with its unit >= 0, at most 24h (e.g. 30s); 0 = cut in-flight requests at once",
+	"BRIDGE_REFRESH":           "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"BRIDGE_PENDING_TTL":       "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
+	"BRIDGE_PENDING_MAX_BYTES": "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 33554432)",
+	"STORE_MAX_BYTES":          "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
+	"UPLOAD_READ_BATCH":        fmt.Sprintf("want 0 (off) or a whole number of bytes from %d to %d (e.g. 524288)", minReadBatch, maxReadBatch),
+	"STORE_TTL":                "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
+	"REDIS_URL":                "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
+	"REDIS_TIMEOUT":            "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
+	"REPLICAS":                 "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
+	"LIMITS_FILE_SETTLE":       "want a duration with its unit from 10ms to 1m (e.g. 1s)",
+	"CLIENT_IPV6_PREFIX":       "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
+	"CLIENT_IPV4_PREFIX":       "want a prefix length in bits from 1 to 32 (e.g. 32: each address its own key)",
+	"CLIENT_KEYS_MAX":          fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
 // validate rejects values that parse but make no sense, naming each such variable, one

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/proxy"
 	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
@@ -48,6 +49,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"LimitsFileSettle", c.LimitsFileSettle, time.Second},
 		{"ClientIPv6Prefix", c.ClientIPv6Prefix, 64},
 		{"ClientIPv4Prefix", c.ClientIPv4Prefix, 32},
+		{"BridgePendingMaxBytes", c.BridgePendingMaxBytes, int64(bridge.DefaultMaxPendingBytes)},
 		{"len(Limits)", len(c.Limits), len(proxy.RouteNames())},
 	} {
 		if tc.got != tc.want {
@@ -169,6 +171,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 	}
 	for _, v := range []string{"-1s", "-1ns", "x", "5", "99999h"} {
 		cases = append(cases, one("MDPROXY_SHUTDOWN_DELAY", v))
+	}
+	for _, v := range []string{"0", "1048575", "-1", "32MiB", "1e6", "x"} {
+		cases = append(cases, one("MDPROXY_BRIDGE_PENDING_MAX_BYTES", v))
 	}
 	for _, name := range []string{"MDPROXY_BRIDGE_PENDING_TTL", "MDPROXY_STORE_TTL"} {
 		for _, v := range []string{"0s", "-1h", "8761h"} {
