@@ -245,15 +245,17 @@ func TestEarlyAnswerNotReset(t *testing.T) {
 // TestEarlyAnswerBounded: after an answer given while a client still sends its upload,
 // the proxy reads on for a bounded number of bytes, for a bounded time: a client that
 // sends for ever, reading nothing, has its connection closed once the proxy has read
-// 16 MiB more, and one that goes silent once the body idle timeout has passed. Each has
+// 16 MiB more (long before the body idle timeout of 60 s, past the test's wait), and
+// one that goes silent once the body idle timeout (1 s here) has passed. Each has
 // Core's answer waiting on its connection.
 func TestEarlyAnswerBounded(t *testing.T) {
 	core := newLoopback(t, earlyRefusal(2<<20))
-	p := startBinary(t, core.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s", "MDPROXY_BRIDGE": "false"})
-	// upload sends a body of 1 TiB, after its 100 Continue with expect, first writing
-	// send bytes of it (all: -1), and returns the connection, its reader and the error
+	patient := startBinary(t, core.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "60s", "MDPROXY_BRIDGE": "false"})
+	brief := startBinary(t, core.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s", "MDPROXY_BRIDGE": "false"})
+	// upload sends p a body of 1 TiB, after its 100 Continue with expect, first writing
+	// send bytes of it (all: -1), and returns the connection's reader and the error
 	// that ended the sending.
-	upload := func(t *testing.T, expect bool, send int64) (*net.TCPConn, *bufio.Reader, error) {
+	upload := func(t *testing.T, p *proc, expect bool, send int64) (*bufio.Reader, error) {
 		c := dial(t, p.proxyAddr)
 		br := bufio.NewReader(c)
 		head := "POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: 1099511627776\r\n"
@@ -274,7 +276,7 @@ func TestEarlyAnswerBounded(t *testing.T) {
 		} else {
 			_, err = io.CopyN(c, zeros{}, send)
 		}
-		return c, br, err
+		return br, err
 	}
 	// answer reads the answer waiting in br: Core's 400.
 	answer := func(t *testing.T, br *bufio.Reader) {
@@ -289,14 +291,14 @@ func TestEarlyAnswerBounded(t *testing.T) {
 	}
 	for _, expect := range []bool{true, false} {
 		t.Run(fmt.Sprintf("sends for ever, Expect %v", expect), func(t *testing.T) {
-			_, br, err := upload(t, expect, -1)
+			br, err := upload(t, patient, expect, -1)
 			if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("sending for ever: %v; want the connection closed by the proxy", err)
 			}
 			answer(t, br)
 		})
 		t.Run(fmt.Sprintf("goes silent, Expect %v", expect), func(t *testing.T) {
-			_, br, err := upload(t, expect, 4<<20)
+			br, err := upload(t, brief, expect, 4<<20)
 			if err != nil {
 				t.Fatalf("sending 4 MiB: %v", err)
 			}
