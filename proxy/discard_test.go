@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,4 +110,122 @@ func TestSilentClientAnswered(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestEarlyAnswerDrained: Core's answer to an upload it has not read whole reaches a
+// client that goes on sending the body until it reads the answer, its writes never
+// failing first (a client connection closed with its data unread is reset, and curl
+// gives up at its next write, the answer unread), whether Core closes its connection
+// or reads on after answering, the client asked for 100 Continue or not.
+func TestEarlyAnswerDrained(t *testing.T) {
+	noLeak(t)
+	const size = 4 << 20
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.CopyN(io.Discard, r.Body, 64<<10)
+		readsOn := r.Header.Get("X-Reads-On") != ""
+		if readsOn {
+			_ = http.NewResponseController(w).EnableFullDuplex()
+		} else {
+			w.Header().Set("Connection", "close")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = io.WriteString(w, `{"err":"too large"}`)
+		if readsOn {
+			_ = http.NewResponseController(w).Flush()
+			_, _ = io.Copy(io.Discard, r.Body)
+		}
+	})
+	proxyURL, _ := newTestProxy(t, upstream, nil)
+	u, err := url.Parse(proxyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, readsOn := range []bool{false, true} {
+		for _, expect := range []bool{false, true} {
+			t.Run(fmt.Sprintf("Core reads on %v, Expect %v", readsOn, expect), func(t *testing.T) {
+				head := fmt.Sprintf("POST /file HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n", size)
+				if readsOn {
+					head += "X-Reads-On: 1\r\n"
+				}
+				if expect {
+					head += "Expect: 100-continue\r\n"
+				}
+				for i := range 5 {
+					if code, body, err := sendUntilAnswered(u.Host, head, size); err != nil || code != http.StatusRequestEntityTooLarge || body != `{"err":"too large"}` {
+						t.Errorf("#%d: %d %q, %v; want Core's 413 {\"err\":\"too large\"}", i, code, body, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// sendUntilAnswered sends head (ending in "\r\n"), a blank line, then a body of size
+// zero bytes on a new connection to addr, reading answers meanwhile, and stops sending
+// once the final answer is in (after 100 Continue, when head asks for it). It returns
+// that answer's status and body, or the error of a write that failed before it.
+func sendUntilAnswered(addr, head string, size int64) (int, string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, head+"\r\n"); err != nil {
+		return 0, "", err
+	}
+	var (
+		code      int
+		body      string
+		answered  = make(chan struct{})
+		continued = make(chan struct{})
+		once      sync.Once
+	)
+	go func() {
+		defer close(answered)
+		br := bufio.NewReader(c)
+		for {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return
+			}
+			b, err := io.ReadAll(resp.Body)
+			if resp.StatusCode == http.StatusContinue {
+				once.Do(func() { close(continued) })
+				continue
+			}
+			if err == nil {
+				code, body = resp.StatusCode, string(b)
+			}
+			return
+		}
+	}()
+	if strings.Contains(head, "Expect:") {
+		select {
+		case <-continued:
+		case <-answered:
+			return code, body, nil
+		}
+	}
+	buf := make([]byte, 64<<10)
+	for sent := int64(0); sent < size; {
+		select {
+		case <-answered:
+			return code, body, nil
+		default:
+		}
+		n, err := c.Write(buf[:min(int64(len(buf)), size-sent)])
+		sent += int64(n)
+		if err != nil {
+			select {
+			case <-answered:
+				return code, body, nil
+			default:
+				return 0, "", fmt.Errorf("writing the body before the answer: %w", err)
+			}
+		}
+	}
+	<-answered
+	return code, body, nil
 }

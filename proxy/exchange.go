@@ -54,6 +54,8 @@ type exchange struct {
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
 	bodyDone bool      // the request body was read to its end (or has none)
+	asked    bool      // a read of the request body was asked: the client sends it
+	released bool      // the transport closed the request body: it reads no more of it
 	finished bool      // the handler returned: the client connection is no longer ours
 	coreGone bool      // Core's connection closed while the request body was being read
 
@@ -71,17 +73,23 @@ func newExchange(w http.ResponseWriter, r *http.Request, idle time.Duration) *ex
 	return ex
 }
 
-// requestBody wraps the client's request body: it counts bytes, bounds the wait for
-// each read by the idle timeout, and ends with errCoreGone once Core has gone.
+// requestBody wraps the client's request body for the transport: it counts bytes,
+// bounds the wait for each read by the idle timeout, and ends with errCoreGone once
+// Core has gone. Its Close ends the transport's reads and leaves the client's body
+// open: net/http closes that after the handler, and the handler may first read what
+// the client still sends (exchange.drain).
 type requestBody struct {
-	io.ReadCloser
+	body io.Reader
 	ex   *exchange
-	read bool // a read was asked for
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
 	ex := b.ex
 	ex.mu.Lock()
+	if ex.released {
+		ex.mu.Unlock()
+		return 0, http.ErrBodyReadAfterClose
+	}
 	if ex.coreGone {
 		ex.mu.Unlock()
 		return 0, errCoreGone
@@ -89,20 +97,20 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if ex.idle > 0 {
 		now := time.Now()
 		_ = ex.client.SetReadDeadline(now.Add(ex.idle))
-		if !b.read {
+		if !ex.asked {
 			// net/http writes "100 Continue" to a client that asked for it at the
 			// body's first read, before any answer: bounded, or it would block for
 			// ever on a client that stopped reading earlier answers on the connection.
 			_ = ex.client.SetWriteDeadline(now.Add(ex.idle))
 		}
 	}
-	b.read = true
+	ex.asked = true
 	ex.mu.Unlock()
 
 	if ex.batch != nil {
 		ex.batch.before(ex.reqBytes.Load(), len(p))
 	}
-	n, err := b.ReadCloser.Read(p)
+	n, err := b.body.Read(p)
 	ex.reqBytes.Add(int64(n))
 	if ex.batch != nil {
 		ex.batch.after(ex.reqBytes.Load(), n)
@@ -131,6 +139,57 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	}
 	ex.reqErr.CompareAndSwap(nil, &err)
 	return n, err
+}
+
+// Close ends the transport's reads of the body; a read already under way finishes.
+func (b *requestBody) Close() error {
+	b.ex.mu.Lock()
+	b.ex.released = true
+	b.ex.mu.Unlock()
+	return nil
+}
+
+// maxDrain is the most of the rest of a request body that the proxy reads and
+// discards after its answer, in bytes (exchange.drain): 16 MiB, more than a client
+// has in flight when it learns the answer with Linux's default socket buffers (up to
+// 6 MiB received and not yet read, and 4 MiB sent and not yet acknowledged).
+const maxDrain = 16 << 20
+
+// drain reads and discards what the client still sends of its request body once the
+// exchange is over and its answer written (Core's early answer, or the proxy's own: a
+// 502 when Core went away under the upload, a 504 when it stopped reading it), so that
+// the client's connection is not closed under a client still sending: a close with the
+// client's data unread makes the kernel reset the connection, and a client may then
+// fail on its next write without reading the answer waiting for it (curl does: "Send
+// failure: Connection reset by peer"). net/http itself reads at most 256 KiB more of a
+// body its handler left, and behind "Expect: 100-continue" closes the connection at
+// once, reset (it ends one gently, closing its writing side and waiting a moment
+// first, closeWriteAndWait, only for a plain body). The answer says Connection: close
+// (recorder.WriteHeader).
+//
+// It reads until the body ends or the client stops (closes, or sends nothing for the
+// body idle timeout, counted from the answer), and at most maxDrain bytes: past them,
+// http.MaxBytesReader makes net/http end the connection gently (RFC 9112, section
+// 9.6), whatever the body's type. It reads nothing of a body the client was never asked
+// for (it waits for a 100 Continue it did not get), nor of one that ended in the
+// client's error or silence. Called by the handler's goroutine after finish, with w the
+// server's own ResponseWriter and r the client's request.
+func (ex *exchange) drain(w http.ResponseWriter, r *http.Request) {
+	ex.mu.Lock()
+	drains := ex.asked && !ex.bodyDone
+	ex.mu.Unlock()
+	if err := ex.requestFailed(); !drains || (err != nil && err != errCoreGone) {
+		return
+	}
+	// A short answer waits in net/http's buffer until the handler returns: it must
+	// be on its way before the proxy reads on.
+	if http.NewResponseController(w).Flush() != nil {
+		return
+	}
+	if ex.idle > 0 {
+		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
+	}
+	_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxDrain))
 }
 
 // requestFailed returns the error that ended the request body early, or nil.
@@ -175,10 +234,10 @@ func (ex *exchange) coreClosed() {
 	}
 }
 
-// finish is called when the handler returns: the client connection goes back to the
-// server without the receive low-water mark this exchange set, with a read deadline
-// one body idle timeout away while the body is not read to its end (net/http's own
-// reads of it), none after, and with the write deadline of the answer's last write
+// finish is called when the handler's exchange ends: the client connection goes back
+// to the server without the receive low-water mark this exchange set, with a read
+// deadline one body idle timeout away while the body is not read to its end (net/http's
+// own reads of it), none after, and with the write deadline of the answer's last write
 // (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
 // a client that stopped reading must not hold that write for ever (net/http clears
 // the deadline once they are out). The kernel's bound of the connection, if it had one
@@ -198,11 +257,11 @@ func (ex *exchange) finish() {
 	}
 	if ex.idle > 0 {
 		if !ex.bodyDone && ex.requestFailed() == nil {
-			// net/http reads the rest of a body of up to 256 KiB before it writes the
-			// answer (and closes the connection after one longer): that read is bounded
-			// like ours, or a client gone silent would never get its answer and would
-			// hold the connection until it closed it. A body that failed keeps the
-			// deadline that cut it, past already: net/http gives up the rest at once.
+			// net/http reads the rest of a body of up to 256 KiB after the handler (and
+			// closes the connection after one longer): that read is bounded like ours
+			// (drain sets its own), or a client gone silent would hold the connection
+			// until it closed it. A body that failed keeps the deadline that cut it,
+			// past already: net/http gives up the rest at once.
 			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 		}
 	}

@@ -536,8 +536,18 @@ func (rt *route) boundDiscard(w http.ResponseWriter, r *http.Request) time.Durat
 }
 
 // ServeHTTP takes a token from the route's bucket, then forwards r to Core; or answers
-// the limit response without reading r's body.
+// the limit response without reading r's body. Once a forwarded request is answered
+// and counted, what the client still sends of a body no longer forwarded is read and
+// discarded, within bounds (exchange.drain).
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if ex := rt.serve(w, r); ex != nil {
+		ex.drain(w, r)
+	}
+}
+
+// serve is ServeHTTP up to the answer's end: it returns the exchange of a forwarded
+// request whose answer reached the client's connection, nil for any other.
+func (rt *route) serve(w http.ResponseWriter, r *http.Request) *exchange {
 	start := time.Now()
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
@@ -568,13 +578,13 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			msg = "Chunked uploads are not accepted: send the file with a Content-Length header."
 		}
 		writeError(rec, http.StatusLengthRequired, msg)
-		return
+		return nil
 	}
 
 	if rt.bridge != nil && rt.polled {
 		if id, ok := bridgedID(r.URL); ok {
 			rt.servePoll(rec, r, id)
-			return
+			return nil
 		}
 	}
 
@@ -583,7 +593,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
 		rt.writeLimit(rec, d)
-		return
+		return nil
 	case limiter.Canceled:
 		abort(rec)
 	}
@@ -603,17 +613,27 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx = ex.trace(ctx)
 	// The body is wrapped in the copy of r that is forwarded, never in r itself:
-	// net/http reads what r.Body is after the handler, and discards the rest of a body
-	// it does not know (up to 256 KiB, from a client that may have stopped sending)
-	// before it writes the answer.
+	// net/http looks at r.Body after the handler, to end the connection gently after
+	// a large body left unread (closeWriteAndWait), which it does only for its own
+	// body type.
 	out := r.WithContext(ctx)
 	if hasBody {
-		out.Body = &requestBody{ReadCloser: r.Body, ex: ex}
+		// Core may answer before it has the whole body and read on. net/http would
+		// then read the rest of a body under 256 KiB itself before it writes the
+		// answer, taking it from the transport that forwards it (Core's upload cut
+		// short, and a streamed answer with it): full duplex leaves the body to the
+		// transport, and to drain once the answer is written.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		out.Body = &requestBody{body: r.Body, ex: ex}
 		if rt.readBatch > 0 && cc != nil && cc.plain {
 			ex.batch = newReadBatch(cc.rc, r.ContentLength, rt.readBatch) // nil for a small body
 		}
 	}
 	rt.proxy.ServeHTTP(rec, out)
+	if rec.writeErr != nil {
+		return nil
+	}
+	return ex
 }
 
 // acquire asks the route's Limiter (the one in place now, kept to the decision's end,
@@ -950,7 +970,7 @@ type recorder struct {
 	idle     time.Duration // the body idle timeout; 0: writes unbounded
 	discard  time.Duration // how long net/http may read an unread body before it writes
 	http10   bool          // the client speaks HTTP/1.0: no 1xx may reach it
-	close    bool          // the connection ends after the answer (CloseAfter)
+	close    bool          // the connection ends after the answer (CloseAfter, or the body's end not in)
 	interim  uint8         // the 1xx answers relayed, at most maxInterim
 	aborted  bool          // abort cut the request, already counted
 	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
@@ -979,8 +999,9 @@ func (w *recorder) decide(d limiter.Decision) {
 // long answer that progresses; this one counts from the last write. net/http writes
 // an answer's last bytes after the handler returns, within the deadline the last write
 // set, then clears it for the connection's next request. Before it writes the
-// header, net/http reads what is left of a body nobody read (up to 256 KiB, for at
-// most discard): while the body is unread, the deadline allows for that wait too.
+// header of an answer the proxy gives without forwarding, net/http reads what is left
+// of a body nobody read (up to 256 KiB, for at most discard): the deadline allows for
+// that wait too. A forwarded body is left to the handler (full duplex, route.serve).
 func (w *recorder) armWrite() {
 	if w.idle <= 0 || (w.ex == nil && w.ownBound) {
 		return
@@ -990,7 +1011,7 @@ func (w *recorder) armWrite() {
 		return
 	}
 	bound := w.idle
-	if w.discard > 0 && (w.ex == nil || w.ex.bodyUnread()) {
+	if w.discard > 0 && w.ex == nil {
 		bound += w.discard
 	}
 	_ = d.SetWriteDeadline(time.Now().Add(bound))
@@ -1015,6 +1036,14 @@ func (w *recorder) WriteHeader(code int) {
 			return
 		}
 		w.interim++
+	}
+	if code >= 200 && w.ex != nil && w.ex.bodyUnread() {
+		// The answer starts before the client's body is all in (Core answered
+		// early, or the proxy cut the exchange): the connection ends after it, and
+		// the answer says so (RFC 9110, section 10.1.1), as net/http's does when it
+		// does not read the rest first; with the body left to the handler (full
+		// duplex), net/http says so only behind "Expect: 100-continue".
+		w.close = true
 	}
 	if w.close {
 		// ReverseProxy clears the header map after relaying Core's 1xx (100
