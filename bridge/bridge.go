@@ -363,6 +363,9 @@ type Answer struct {
 	Source      Source
 	Body        []byte
 	ContentType string
+	// Release, when not nil, gives back the answer budget's bytes that Body holds (a
+	// result read from Redis, see RedisStore.Lookup): call it once Body is written.
+	Release func()
 }
 
 // Poll decides how a poll of dataID by owner is answered. A pending id of another owner,
@@ -378,7 +381,10 @@ type Answer struct {
 // to keep the pending ids within MaxPendingBytes.
 //
 // Only callbacks that were stored count as arrived, so forged ones cannot hold back the
-// questions to Core. A stored hit takes no lock of the bridge.
+// questions to Core. A stored hit takes no lock of the bridge. A stored result whose
+// copy the answer budget cannot hold now (Entry.Withheld, a RedisStore's) is Overdue,
+// with InProgress as the answer should the route's limit refuse the question; a stored
+// answer read into a copy carries the Release the caller must call once it is written.
 //
 // With a shared store, an id another replica submitted and the store holds pending is
 // answered here as there: Pending (InProgress, or Core's last reply to a poll here), and
@@ -394,7 +400,7 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		return Answer{Source: Miss} // a session ended: Core decides (403)
 	}
 	if se.Stored && se.Result.Owner == owner {
-		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
+		return storedAnswer(dataID, se)
 	}
 	a, lost := b.pollLocked(dataID, owner, se)
 	if a.Source == Miss && b.drops.Load() != drops {
@@ -403,7 +409,7 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		// find neither, and the submitter's poll would go to Core and its limit (503).
 		// A pending entry dropped since the look-up: look again.
 		if se := b.store.Lookup(dataID, owner); se.Stored && !se.Revoked && se.Result.Owner == owner {
-			return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
+			return storedAnswer(dataID, se)
 		}
 	}
 	if lost != nil {
@@ -413,6 +419,18 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		b.store.PutPending(dataID, *lost)
 	}
 	return a
+}
+
+// storedAnswer is the answer to the owner's poll of its stored result se: the result,
+// or, when the answer budget could not hold a copy of it now (se.Withheld), Overdue
+// with the in-progress answer: Core is asked under the route's limit, its answer
+// relayed as it comes when the budget still cannot hold it, and a poll the limit
+// refuses gets the in-progress answer (the client polls again), never a 503.
+func storedAnswer(dataID string, se Entry) Answer {
+	if se.Withheld {
+		return Answer{Source: Overdue, Body: InProgress(dataID), ContentType: jsonType}
+	}
+	return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType, Release: se.Release}
 }
 
 // pollLocked is Poll once the store answered se: the answer, and this replica's own
@@ -495,6 +513,9 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 	if r.final() {
 		se := b.store.Lookup(dataID, owner)
+		if se.Release != nil {
+			se.Release() // only whose result it is counts here
+		}
 		if se.Revoked {
 			return
 		}

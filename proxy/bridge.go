@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
@@ -217,6 +215,9 @@ func bridgedID(u *url.URL) (string, bool) {
 func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	owner := rt.ownerOf(r)
 	a := rt.bridge.Poll(id, owner)
+	if a.Release != nil {
+		defer a.Release() // a result read from Redis: its bytes held until written
+	}
 	switch a.Source {
 	case bridge.Stored, bridge.Pending:
 		rt.polls[a.Source].Inc()
@@ -443,7 +444,7 @@ func (rt *route) tooLarge(f *fetched) {
 // from its reading until the last poll sharing it has written it: slow clients reading
 // shared answers hold the budget, not more memory. Safe for concurrent use.
 type bufferHold struct {
-	budget  *semaphore.Weighted
+	budget  *bridge.Budget
 	n       int64 // the answer's bytes
 	mu      sync.Mutex
 	polls   int  // the polls writing it, the one that asked Core among them until it has
@@ -490,7 +491,7 @@ type bufferWriter struct {
 	final     http.Header // Core's header as it was at WriteHeader: the answer's
 	status    int
 	body      bytes.Buffer
-	budget    *semaphore.Weighted
+	budget    *bridge.Budget
 	charged   int64 // the bytes of body the budget took
 	leader    *recorder
 	ex        *exchange

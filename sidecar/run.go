@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/proxy"
@@ -112,7 +113,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	tr := proxy.NewTransport(topts)
 	// Pooled connections to Core end with Run: no goroutine of them outlives it.
 	defer tr.CloseIdleConnections()
-	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout)
+	// Answers to polls held for their clients: Core's (the proxy) and results read
+	// from Redis (the bridge's store), in one budget.
+	answers := bridge.NewBudget(bridge.DefaultAnswerBytes)
+	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout, answers)
 	if err != nil {
 		return err
 	}
@@ -134,6 +138,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		UpstreamTimeout:  topts.ResponseHeaderTimeout,
 		BodyIdleTimeout:  topts.BodyIdleTimeout,
 		UploadReadBatch:  cfg.UploadReadBatch,
+		PollBuffers:      answers,
 		Logger:           log,
 	})
 	if err != nil {
