@@ -86,8 +86,8 @@ const (
 	// MaxCallbackBytes (413), not JSON, without the secret's data_id, or not final (400).
 	OutcomeInvalid = "invalid"
 	// OutcomeBusy: a callback on a live secret path refused with 503 and Retry-After
-	// (Core delivers it again) because the callback bodies being read at once would
-	// weigh more than MaxCallbackBytes in all.
+	// (Core delivers it again) because the callback bodies in memory, being read or
+	// held early, would weigh more than MaxCallbackBytes in all.
 	OutcomeBusy = "busy"
 )
 
@@ -109,7 +109,9 @@ type Options struct {
 	// DefaultPendingTTL, 24 h, Core's default retention.
 	PendingTTL time.Duration
 	// MaxCallbackBytes caps the body of a callback, in bytes; a larger one is refused
-	// (413). Zero: DefaultMaxCallbackBytes, 64 MiB.
+	// (413). It also caps the callback bodies in memory at once, being read or held
+	// early (see Handler), beyond which a callback is refused as busy (503). Zero:
+	// DefaultMaxCallbackBytes, 64 MiB.
 	MaxCallbackBytes int64
 	// MaxPendingBytes caps, in bytes, what the pending ids hold, all together: this
 	// replica's submissions and the other replicas' ids that polls here met
@@ -152,10 +154,9 @@ type Bridge struct {
 	// stored; zero: none yet.
 	newestCalledBack time.Time
 	// issued holds the secrets Callback gave out and Submitted did not take yet, by
-	// their SHA-256, for issuedTTL; earlyBytes is the size of the early callback bodies
-	// they hold, at most maxBody.
+	// their SHA-256, for issuedTTL, and the early callback bodies they hold (each
+	// holding its bytes of bodies).
 	issued          map[[32]byte]*issuedEntry
-	earlyBytes      int64
 	lastIssuedSweep time.Time
 
 	stored, forged, invalid, busy atomic.Uint64
@@ -165,8 +166,9 @@ type Bridge struct {
 	drops atomic.Uint64
 	// overflows counts the pending entries dropped over MaxPendingBytes (addLocked).
 	overflows atomic.Uint64
-	// bodies bounds the callback bodies read at once to maxBody bytes in all: each
-	// callback takes its Content-Length (maxBody when unknown) while it is read.
+	// bodies bounds the callback bodies in memory to maxBody bytes in all: each
+	// callback takes its Content-Length (maxBody when unknown) while it is read, and an
+	// early one keeps its body's length until it is stored or forgotten.
 	bodies *semaphore.Weighted
 }
 
@@ -285,7 +287,9 @@ func (b *Bridge) sweepIssuedLocked(now time.Time) {
 // forgetIssuedLocked removes ie, issued under h. b.mu must be held.
 func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
 	delete(b.issued, h)
-	b.earlyBytes -= int64(len(ie.early))
+	if n := int64(len(ie.early)); n > 0 {
+		b.bodies.Release(n)
+	}
 }
 
 // Submitted records dataID as pending: submitted by owner with secret (as Callback
