@@ -172,16 +172,29 @@ type Bridge struct {
 	bodies *semaphore.Weighted
 }
 
-// issuedEntry is a secret given out by Callback whose submission is not recorded yet.
+// issuedEntry is a secret given out by Callback whose submission is not recorded yet:
+// 64 bytes, and a slot of Bridge.issued, for each of up to maxIssued.
 type issuedEntry struct {
 	secret [32]byte // SHA-256 of the secret
 	at     time.Time
-	// early is a final result posted on the secret before Submitted; earlyID its
-	// data_id; nil while none.
-	early     []byte
-	earlyID   string
-	earlyType string
-	earlyAt   time.Time
+	// early is the final result posted on the secret before Submitted; nil while none.
+	early *earlyCallback
+}
+
+// earlyCallback is a callback held until its submission is recorded (see Handler).
+type earlyCallback struct {
+	body        []byte
+	dataID      string
+	contentType string
+	at          time.Time
+}
+
+// earlyBody returns the body of ie's early callback; nil while none.
+func (ie *issuedEntry) earlyBody() []byte {
+	if ie.early == nil {
+		return nil
+	}
+	return ie.early.body
 }
 
 // New returns a Bridge with o's settings. It returns an error if o.CallbackURL is not an
@@ -287,7 +300,7 @@ func (b *Bridge) sweepIssuedLocked(now time.Time) {
 // forgetIssuedLocked removes ie, issued under h. b.mu must be held.
 func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
 	delete(b.issued, h)
-	if n := int64(len(ie.early)); n > 0 {
+	if n := int64(len(ie.earlyBody())); n > 0 {
 		b.bodies.Release(n)
 	}
 }
@@ -312,11 +325,11 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 	}
 	if ie := b.issued[h]; ie != nil {
 		b.forgetIssuedLocked(h, ie)
-		if ie.early != nil {
-			if ie.earlyID == dataID {
-				b.calledBackLocked(ie.earlyAt, now)
+		if early := ie.early; early != nil {
+			if early.dataID == dataID {
+				b.calledBackLocked(early.at, now)
 				b.mu.Unlock()
-				b.store.Put(dataID, Result{Body: ie.early, ContentType: ie.earlyType, Owner: owner})
+				b.store.Put(dataID, Result{Body: early.body, ContentType: early.contentType, Owner: owner})
 				b.stored.Add(1)
 				return
 			}

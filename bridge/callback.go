@@ -120,7 +120,7 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 			b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
 			return
 		}
-		ie.early, ie.earlyID, ie.earlyType, ie.earlyAt = body, *res.DataID, ct, now
+		ie.early = &earlyCallback{body: body, dataID: *res.DataID, contentType: ct, at: now}
 		need -= int64(len(body)) // held with the body, until forgetIssuedLocked
 		b.mu.Unlock()
 		b.log.Debug("bridge callback held until its submission is recorded")
