@@ -36,8 +36,9 @@ type Bridge interface {
 var _ Bridge = (*bridge.Bridge)(nil)
 
 // maxSubmitAnswer bounds the part of Core's answer to POST /file that the proxy reads to
-// learn the data_id: Core answers a small JSON object.
-const maxSubmitAnswer = 1 << 20
+// learn the data_id, and Core's webhook status it redacts, in bytes: 64 KiB. Core
+// answers both with a small JSON object; each request in flight may hold this much.
+const maxSubmitAnswer = 64 << 10
 
 // DefaultPollBufferBytes is Options.PollBufferBytes' default: 64 MiB of Core's answers
 // to bridged polls held at once.
@@ -46,8 +47,9 @@ const DefaultPollBufferBytes = 64 << 20
 // maxPollError bounds Core's answer to a bridged poll that is not a 200 (an error, its
 // own 503, a 404 for a scan it lost), which the proxy reads whole whatever the budget
 // to decide what the polls waiting on it get: Core answers these with a small JSON
-// object. A larger one gets 502.
-const maxPollError = 1 << 20
+// object. A larger one gets 502. 64 KiB: each poll asking Core may hold this much,
+// outside the budget.
+const maxPollError = 64 << 10
 
 // submission is a POST /file the bridge registered a callback for.
 type submission struct {
@@ -436,7 +438,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 // failed: 502 to each poll waiting on it.
 func (rt *route) tooLarge(f *fetched) {
 	f.aborted = true
-	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d MiB).", maxPollError>>20)
+	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d KiB).", maxPollError>>10)
 	rt.log.Warn("bridge: Core's error answer to a poll is larger than the proxy reads; the polls waiting on it get 502", "limit_bytes", maxPollError)
 }
 

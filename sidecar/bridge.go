@@ -151,6 +151,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		ReadTimeout:       cfg.BodyIdleTimeout,
 		WriteTimeout:      2 * cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          serverErrorLog(log),
 	}
 	return &bridgeRunning{b: b, closeStore: closeStore, srv: srv, ln: ln, cbBase: base}, nil
