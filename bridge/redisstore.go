@@ -83,6 +83,10 @@ const replyErrorLogEvery = time.Minute
 // the last ttl (see Len), not what Redis holds: counting the keys of a prefix in Redis
 // takes a SCAN of every key.
 //
+// A result Lookup reads for its owner's poll is a copy the poll holds while its client
+// reads it: its bytes are taken from an answer budget (RedisStoreOptions.Answers) before
+// it is read, and a copy the budget cannot take is not read (Entry.Withheld).
+//
 // Redis is trusted as the memory of the process is: whoever can write to it can change
 // the results served.
 //
