@@ -86,8 +86,8 @@ const (
 	// MaxCallbackBytes (413), not JSON, without the secret's data_id, or not final (400).
 	OutcomeInvalid = "invalid"
 	// OutcomeBusy: a callback on a live secret path refused with 503 and Retry-After
-	// (Core delivers it again) because the callback bodies being read at once would
-	// weigh more than MaxCallbackBytes in all.
+	// (Core delivers it again) because the callback bodies in memory, being read or
+	// held early, would weigh more than MaxCallbackBytes in all.
 	OutcomeBusy = "busy"
 )
 
@@ -109,7 +109,9 @@ type Options struct {
 	// DefaultPendingTTL, 24 h, Core's default retention.
 	PendingTTL time.Duration
 	// MaxCallbackBytes caps the body of a callback, in bytes; a larger one is refused
-	// (413). Zero: DefaultMaxCallbackBytes, 64 MiB.
+	// (413). It also caps the callback bodies in memory at once, being read or held
+	// early (see Handler), beyond which a callback is refused as busy (503). Zero:
+	// DefaultMaxCallbackBytes, 64 MiB.
 	MaxCallbackBytes int64
 	// MaxPendingBytes caps, in bytes, what the pending ids hold, all together: this
 	// replica's submissions and the other replicas' ids that polls here met
@@ -152,10 +154,9 @@ type Bridge struct {
 	// stored; zero: none yet.
 	newestCalledBack time.Time
 	// issued holds the secrets Callback gave out and Submitted did not take yet, by
-	// their SHA-256, for issuedTTL; earlyBytes is the size of the early callback bodies
-	// they hold, at most maxBody.
+	// their SHA-256, for issuedTTL, and the early callback bodies they hold (each
+	// holding its bytes of bodies).
 	issued          map[[32]byte]*issuedEntry
-	earlyBytes      int64
 	lastIssuedSweep time.Time
 
 	stored, forged, invalid, busy atomic.Uint64
@@ -165,21 +166,35 @@ type Bridge struct {
 	drops atomic.Uint64
 	// overflows counts the pending entries dropped over MaxPendingBytes (addLocked).
 	overflows atomic.Uint64
-	// bodies bounds the callback bodies read at once to maxBody bytes in all: each
-	// callback takes its Content-Length (maxBody when unknown) while it is read.
+	// bodies bounds the callback bodies in memory to maxBody bytes in all: each
+	// callback takes its Content-Length (maxBody when unknown) while it is read, and an
+	// early one keeps its body's length until it is stored or forgotten.
 	bodies *semaphore.Weighted
 }
 
-// issuedEntry is a secret given out by Callback whose submission is not recorded yet.
+// issuedEntry is a secret given out by Callback whose submission is not recorded yet:
+// 64 bytes, and a slot of Bridge.issued, for each of up to maxIssued.
 type issuedEntry struct {
 	secret [32]byte // SHA-256 of the secret
 	at     time.Time
-	// early is a final result posted on the secret before Submitted; earlyID its
-	// data_id; nil while none.
-	early     []byte
-	earlyID   string
-	earlyType string
-	earlyAt   time.Time
+	// early is the final result posted on the secret before Submitted; nil while none.
+	early *earlyCallback
+}
+
+// earlyCallback is a callback held until its submission is recorded (see Handler).
+type earlyCallback struct {
+	body        []byte
+	dataID      string
+	contentType string
+	at          time.Time
+}
+
+// earlyBody returns the body of ie's early callback; nil while none.
+func (ie *issuedEntry) earlyBody() []byte {
+	if ie.early == nil {
+		return nil
+	}
+	return ie.early.body
 }
 
 // New returns a Bridge with o's settings. It returns an error if o.CallbackURL is not an
@@ -285,7 +300,9 @@ func (b *Bridge) sweepIssuedLocked(now time.Time) {
 // forgetIssuedLocked removes ie, issued under h. b.mu must be held.
 func (b *Bridge) forgetIssuedLocked(h [32]byte, ie *issuedEntry) {
 	delete(b.issued, h)
-	b.earlyBytes -= int64(len(ie.early))
+	if n := int64(len(ie.earlyBody())); n > 0 {
+		b.bodies.Release(n)
+	}
 }
 
 // Submitted records dataID as pending: submitted by owner with secret (as Callback
@@ -308,11 +325,11 @@ func (b *Bridge) Submitted(dataID, secret string, owner Owner) {
 	}
 	if ie := b.issued[h]; ie != nil {
 		b.forgetIssuedLocked(h, ie)
-		if ie.early != nil {
-			if ie.earlyID == dataID {
-				b.calledBackLocked(ie.earlyAt, now)
+		if early := ie.early; early != nil {
+			if early.dataID == dataID {
+				b.calledBackLocked(early.at, now)
 				b.mu.Unlock()
-				b.store.Put(dataID, Result{Body: ie.early, ContentType: ie.earlyType, Owner: owner})
+				b.store.Put(dataID, Result{Body: early.body, ContentType: early.contentType, Owner: owner})
 				b.stored.Add(1)
 				return
 			}
@@ -363,6 +380,9 @@ type Answer struct {
 	Source      Source
 	Body        []byte
 	ContentType string
+	// Release, when not nil, gives back the answer budget's bytes that Body holds (a
+	// result read from Redis, see RedisStore.Lookup): call it once Body is written.
+	Release func()
 }
 
 // Poll decides how a poll of dataID by owner is answered. A pending id of another owner,
@@ -378,7 +398,10 @@ type Answer struct {
 // to keep the pending ids within MaxPendingBytes.
 //
 // Only callbacks that were stored count as arrived, so forged ones cannot hold back the
-// questions to Core. A stored hit takes no lock of the bridge.
+// questions to Core. A stored hit takes no lock of the bridge. A stored result whose
+// copy the answer budget cannot hold now (Entry.Withheld, a RedisStore's) is Overdue,
+// with InProgress as the answer should the route's limit refuse the question; a stored
+// answer read into a copy carries the Release the caller must call once it is written.
 //
 // With a shared store, an id another replica submitted and the store holds pending is
 // answered here as there: Pending (InProgress, or Core's last reply to a poll here), and
@@ -394,7 +417,7 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		return Answer{Source: Miss} // a session ended: Core decides (403)
 	}
 	if se.Stored && se.Result.Owner == owner {
-		return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
+		return storedAnswer(dataID, se)
 	}
 	a, lost := b.pollLocked(dataID, owner, se)
 	if a.Source == Miss && b.drops.Load() != drops {
@@ -403,7 +426,7 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		// find neither, and the submitter's poll would go to Core and its limit (503).
 		// A pending entry dropped since the look-up: look again.
 		if se := b.store.Lookup(dataID, owner); se.Stored && !se.Revoked && se.Result.Owner == owner {
-			return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType}
+			return storedAnswer(dataID, se)
 		}
 	}
 	if lost != nil {
@@ -413,6 +436,18 @@ func (b *Bridge) Poll(dataID string, owner Owner) Answer {
 		b.store.PutPending(dataID, *lost)
 	}
 	return a
+}
+
+// storedAnswer is the answer to the owner's poll of its stored result se: the result,
+// or, when the answer budget could not hold a copy of it now (se.Withheld), Overdue
+// with the in-progress answer: Core is asked under the route's limit, its answer
+// relayed as it comes when the budget still cannot hold it, and a poll the limit
+// refuses gets the in-progress answer (the client polls again), never a 503.
+func storedAnswer(dataID string, se Entry) Answer {
+	if se.Withheld {
+		return Answer{Source: Overdue, Body: InProgress(dataID), ContentType: jsonType}
+	}
+	return Answer{Source: Stored, Body: se.Result.Body, ContentType: se.Result.ContentType, Release: se.Release}
 }
 
 // pollLocked is Poll once the store answered se: the answer, and this replica's own
@@ -495,6 +530,9 @@ func (b *Bridge) Observe(dataID string, owner Owner, body []byte, contentType st
 	}
 	if r.final() {
 		se := b.store.Lookup(dataID, owner)
+		if se.Release != nil {
+			se.Release() // only whose result it is counts here
+		}
 		if se.Revoked {
 			return
 		}

@@ -732,11 +732,14 @@ func TestCallbackEarly(t *testing.T) {
 			t.Errorf("callback after Submitted = %d, want 200", got)
 		}
 		wantPoll(t, tb.Bridge, "e4", alice, Stored, finalResult("e4"))
-		if n := len(tb.issued); n != 0 || tb.earlyBytes != 0 {
-			t.Errorf("%d secrets and %d early bytes remembered, want none", n, tb.earlyBytes)
+		if n := len(tb.issued); n != 0 {
+			t.Errorf("%d secrets remembered, want none", n)
+		}
+		if !tb.bodies.TryAcquire(tb.maxBody) {
+			t.Errorf("bytes of callback bodies still held once the early one was forgotten, want none")
 		}
 	})
-	t.Run("early bodies are capped", func(t *testing.T) {
+	t.Run("early bodies count with those being read", func(t *testing.T) {
 		const maxBody = 4 << 10
 		tb, srv := setup(t, Options{MaxCallbackBytes: maxBody})
 		big := func(id string) []byte {
@@ -747,8 +750,8 @@ func TestCallbackEarly(t *testing.T) {
 		if got := post(t, srv, s1, big("e6")); got != http.StatusOK {
 			t.Fatalf("first early callback = %d, want 200", got)
 		}
-		if got := post(t, srv, s2, big("e7")); got != http.StatusNotFound {
-			t.Errorf("early callback over the cap of held bodies = %d, want 404 (Core retries)", got)
+		if got := post(t, srv, s2, big("e7")); got != http.StatusServiceUnavailable {
+			t.Errorf("early callback over the cap of bodies in memory = %d, want 503 (busy: Core delivers it again)", got)
 		}
 		tb.Submitted("e6", s1, alice)
 		if got := post(t, srv, s2, big("e7")); got != http.StatusOK {

@@ -32,7 +32,8 @@ import (
 // A callback may arrive before Core's answer to its submission was recorded (a small
 // file, scanned before the proxy read that answer): on a secret Callback gave out within
 // issuedTTL and not yet submitted, a final result with a data_id is held (200, once per
-// secret, early bodies at most MaxCallbackBytes in all) and Submitted stores it if its
+// secret, its body held with those being read within MaxCallbackBytes in all) and
+// Submitted stores it if its
 // data_id is the one Core answered (counted stored), else drops it (counted invalid). A
 // held result is served to no one before that.
 func (b *Bridge) Handler() http.Handler {
@@ -75,7 +76,7 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 		b.refuse(w, &b.busy, http.StatusServiceUnavailable, "Server is too busy. Try again later.", "reason", "busy")
 		return
 	}
-	defer b.bodies.Release(need)
+	defer func() { b.bodies.Release(need) }() // less what an early callback keeps held
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, b.maxBody))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
@@ -114,14 +115,13 @@ func (b *Bridge) serveCallback(w http.ResponseWriter, r *http.Request) {
 	if e == nil || subtle.ConstantTimeCompare(e.secret[:], h[:]) != 1 {
 		// Not submitted yet: hold an early callback for Submitted.
 		ie := b.issued[h]
-		if ie == nil || ie.early != nil || subtle.ConstantTimeCompare(ie.secret[:], h[:]) != 1 ||
-			b.earlyBytes+int64(len(body)) > b.maxBody {
+		if ie == nil || ie.early != nil || subtle.ConstantTimeCompare(ie.secret[:], h[:]) != 1 {
 			b.mu.Unlock()
 			b.refuse(w, &b.forged, http.StatusNotFound, "Not found", "reason", "secret")
 			return
 		}
-		ie.early, ie.earlyID, ie.earlyType, ie.earlyAt = body, *res.DataID, ct, now
-		b.earlyBytes += int64(len(body))
+		ie.early = &earlyCallback{body: body, dataID: *res.DataID, contentType: ct, at: now}
+		need -= int64(len(body)) // held with the body, until forgetIssuedLocked
 		b.mu.Unlock()
 		b.log.Debug("bridge callback held until its submission is recorded")
 		answerStored(w)

@@ -83,6 +83,10 @@ const replyErrorLogEvery = time.Minute
 // the last ttl (see Len), not what Redis holds: counting the keys of a prefix in Redis
 // takes a SCAN of every key.
 //
+// A result Lookup reads for its owner's poll is a copy the poll holds while its client
+// reads it: its bytes are taken from an answer budget (RedisStoreOptions.Answers) before
+// it is read, and a copy the budget cannot take is not read (Entry.Withheld).
+//
 // Redis is trusted as the memory of the process is: whoever can write to it can change
 // the results served.
 //
@@ -94,7 +98,8 @@ type RedisStore struct {
 	pendingTTL time.Duration
 	timeout    time.Duration
 	maxBytes   int64
-	maxEntry   int64 // a result weighing more is not kept
+	maxEntry   int64   // a result weighing more is not kept
+	answers    *Budget // the bodies Lookup reads are charged to it
 	log        *slog.Logger
 	now        func() time.Time // for Len and Bytes
 
@@ -140,56 +145,85 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1`)
 
 // lookupScript reads what Redis holds for an id in one round trip: the result's owner
-// (KEYS[1]), its type and body only when that owner is ARGV[1] (hex) and ARGV[1]'s
-// session was not ended (KEYS[3]), the pending id (KEYS[2]), and whether the session
-// was ended. It returns {owner or false, type or false, body or false, pending hash as
-// field, value, ..., 1 if ended else 0}. Its keys are of different hash slots: one
-// Redis, not a cluster (mdproxy makes a redis.Client).
+// (KEYS[1]), its type and body only when that owner is ARGV[1] (hex), ARGV[1]'s
+// session was not ended (KEYS[3]) and the body is at most ARGV[2] bytes, the pending id
+// (KEYS[2]), whether the session was ended, and the body's length when that owner is
+// ARGV[1]. It returns {owner or false, type or false, body or false, pending hash as
+// field, value, ..., 1 if ended else 0, body length or 0}. Its keys are of different
+// hash slots: one Redis, not a cluster (mdproxy makes a redis.Client).
 var lookupScript = redis.NewScript(`
 local owner = redis.call('HGET', KEYS[1], 'owner')
 local revoked = redis.call('EXISTS', KEYS[3])
-local typ, body = false, false
+local typ, body, size = false, false, 0
 if owner == ARGV[1] and revoked == 0 then
-  typ = redis.call('HGET', KEYS[1], 'type')
-  body = redis.call('HGET', KEYS[1], 'body')
+  size = redis.call('HSTRLEN', KEYS[1], 'body')
+  if size <= tonumber(ARGV[2]) then
+    typ = redis.call('HGET', KEYS[1], 'type')
+    body = redis.call('HGET', KEYS[1], 'body')
+  end
 end
-return {owner, typ, body, redis.call('HGETALL', KEYS[2]), revoked}`)
+return {owner, typ, body, redis.call('HGETALL', KEYS[2]), revoked, size}`)
 
 // dropPendingScript deletes a pending id (KEYS[1]) if its owner is ARGV[1] (hex).
 var dropPendingScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
 
-// NewRedisStore returns a Store in Redis through rdb whose keys start with prefix (""
-// for DefaultRedisPrefix): results expire ttl after they were put and pending ids
-// pendingTTL after they were submitted (the bridge's PendingTTL); each call to Redis
-// ends within timeout (0 for DefaultRedisTimeout, 50 ms), and a result weighing more
-// than maxBytes/16 is not kept (see RedisStore for what bounds Redis). log receives a
-// line when Redis stops or starts answering (nil: discard).
+// RedisStoreOptions configure NewRedisStore. The zero value of Prefix, Timeout,
+// Answers and Logger takes its default; TTL, PendingTTL and MaxBytes are required.
+type RedisStoreOptions struct {
+	// Prefix starts every key (MDPROXY_REDIS_PREFIX). "": DefaultRedisPrefix.
+	Prefix string
+	// TTL is how long a result is kept after it was put (MDPROXY_STORE_TTL).
+	TTL time.Duration
+	// PendingTTL is how long a pending id is kept after it was submitted (the bridge's
+	// PendingTTL, MDPROXY_BRIDGE_PENDING_TTL).
+	PendingTTL time.Duration
+	// Timeout bounds each call to Redis (MDPROXY_REDIS_TIMEOUT). Zero:
+	// DefaultRedisTimeout, 50 ms.
+	Timeout time.Duration
+	// MaxBytes is the store's size in bytes (MDPROXY_STORE_MAX_BYTES): a result weighing
+	// more than MaxBytes/16 is not kept, and the memory that keeps the results Redis did
+	// not take (see Put) holds at most MaxBytes. Redis itself is bounded by its
+	// maxmemory (see RedisStore).
+	MaxBytes int64
+	// Answers is the budget that the body of a result read from Redis for a poll is
+	// charged to, from before it is read until the poll has written it (see Lookup):
+	// mdproxy shares one with the proxy's answers from Core. nil: one of the store's
+	// own, of DefaultAnswerBytes.
+	Answers *Budget
+	// Logger receives a line when Redis stops or starts answering. nil: discard.
+	Logger *slog.Logger
+}
+
+// NewRedisStore returns a Store in Redis through rdb with o's settings.
 //
 // rdb must bound its calls by their context's deadline: a *redis.Client or
 // *redis.ClusterClient must have ContextTimeoutEnabled set (otherwise its socket reads
-// wait its ReadTimeout, 3 s by default, whatever timeout says). NewRedisStore does not
+// wait its ReadTimeout, 3 s by default, whatever o.Timeout says). NewRedisStore does not
 // reach Redis: it may be down at the start. It returns an error if rdb is nil or lacks
-// ContextTimeoutEnabled, if ttl, pendingTTL or maxBytes is not positive, or if timeout is
-// negative.
-func NewRedisStore(rdb redis.UniversalClient, prefix string, ttl, pendingTTL, timeout time.Duration, maxBytes int64, log *slog.Logger) (*RedisStore, error) {
+// ContextTimeoutEnabled, if o.TTL, o.PendingTTL or o.MaxBytes is not positive, or if
+// o.Timeout is negative.
+func NewRedisStore(rdb redis.UniversalClient, o RedisStoreOptions) (*RedisStore, error) {
 	switch {
 	case rdb == nil:
 		return nil, errors.New("bridge: no Redis client for the result store")
 	case !contextTimeoutEnabled(rdb):
 		return nil, errors.New("bridge: the Redis client must have ContextTimeoutEnabled set, so that a call ends at its deadline")
-	case ttl <= 0:
+	case o.TTL <= 0:
 		return nil, errors.New("bridge: the store's time to live must be positive")
-	case pendingTTL <= 0:
+	case o.PendingTTL <= 0:
 		return nil, errors.New("bridge: the pending time to live must be positive")
-	case maxBytes <= 0:
+	case o.MaxBytes <= 0:
 		return nil, errors.New("bridge: the store's maximum size must be positive")
-	case timeout < 0:
-		return nil, fmt.Errorf("bridge: the Redis timeout %v is negative", timeout)
+	case o.Timeout < 0:
+		return nil, fmt.Errorf("bridge: the Redis timeout %v is negative", o.Timeout)
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Answers == nil {
+		o.Answers = NewBudget(DefaultAnswerBytes)
 	}
 	return &RedisStore{
 		cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
@@ -199,13 +233,14 @@ func NewRedisStore(rdb redis.UniversalClient, prefix string, ttl, pendingTTL, ti
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= storeFailuresToOpen },
 		}),
 		rdb:        rdb,
-		prefix:     cmpOr(prefix, DefaultRedisPrefix),
-		ttl:        ttl,
-		pendingTTL: pendingTTL,
-		timeout:    cmpOr(timeout, DefaultRedisTimeout),
-		maxBytes:   maxBytes,
-		maxEntry:   maxBytes / 16,
-		log:        log,
+		prefix:     cmpOr(o.Prefix, DefaultRedisPrefix),
+		ttl:        o.TTL,
+		pendingTTL: o.PendingTTL,
+		timeout:    cmpOr(o.Timeout, DefaultRedisTimeout),
+		maxBytes:   o.MaxBytes,
+		maxEntry:   o.MaxBytes / 16,
+		answers:    o.Answers,
+		log:        o.Logger,
 		now:        time.Now,
 	}, nil
 }
@@ -321,34 +356,99 @@ func (s *RedisStore) Get(dataID string) (Result, bool) {
 	return s.localGet(dataID)
 }
 
+// inlineBody is the most bytes of a result's body that Lookup reads in its first call
+// to Redis, taken from the answer budget before the call: a larger body takes a second
+// call, once the budget took its length. Core's results are a few KiB (an archive's
+// with many files, more).
+const inlineBody = 64 << 10
+
 // Lookup returns the result and the pending id kept for dataID, read in one round trip
 // (lookupScript), the result's body and type only when its owner is owner; when Redis
 // holds no result for it or does not answer within the timeout, the result this
 // replica kept in its memory, if any (see Put).
+//
+// A body read from Redis is a copy that the poll holds while its client reads it: its
+// bytes are taken from the answer budget (RedisStoreOptions.Answers) before Redis is
+// asked for it, up to inlineBody in the first call and, for a larger body, its length
+// before a second call, and given back by the Entry's Release. When the budget cannot
+// take them, the body is not read: the Entry says Withheld, without a body. So slow
+// clients reading results from Redis hold at most the budget, however many they are.
 func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
+	pre := int64(min(inlineBody, s.maxEntry))
+	if !s.answers.TryAcquire(pre) {
+		pre = 0
+	}
+	e, size, copied := s.lookup(dataID, owner, pre)
+	if size > pre {
+		// The owner's body is larger than what was taken for it: its own length, then a
+		// second call (the result may have changed between the two: a body larger
+		// still is withheld).
+		s.answers.Release(pre)
+		pre = 0
+		if size <= s.maxEntry && s.answers.TryAcquire(size) {
+			pre = size
+			e, size, copied = s.lookup(dataID, owner, pre)
+		}
+		e.Withheld = size > pre && e.Stored
+	}
+	n := int64(0)
+	if copied {
+		n = int64(len(e.Result.Body))
+		e.Release = s.releaser(n)
+	}
+	s.answers.Release(pre - n)
+	return e
+}
+
+// releaser returns the Release of an Entry whose body holds n bytes of the answer
+// budget: it gives them back once, whatever the number of calls; nil when n is 0.
+func (s *RedisStore) releaser(n int64) func() {
+	if n == 0 {
+		return nil
+	}
+	var once sync.Once
+	return func() { once.Do(func() { s.answers.Release(n) }) }
+}
+
+// lookup is one call of Lookup: the entry, with the result's body when it is owner's
+// and at most limit bytes; the body's length when the result in Redis is owner's (0
+// when it is not, or Redis did not answer), a body over limit not read but its result
+// named stored; and whether the entry's body is a copy read from Redis (rather than
+// none, or the memory's own).
+func (s *RedisStore) lookup(dataID string, owner Owner, limit int64) (e Entry, size int64, copied bool) {
 	until, revoked := s.revoked.until(owner, s.now)
 	ctx, done, ok := s.call()
 	var reply []any
 	err := errSkipped
 	if ok {
 		var v any
-		v, err = lookupScript.Run(ctx, s.rdb, []string{s.resultKey(dataID), s.pendingKey(dataID), s.revokedKey(owner)}, hex.EncodeToString(owner[:])).Result()
-		if reply, ok = v.([]any); err == nil && (!ok || len(reply) != 5) {
+		v, err = lookupScript.Run(ctx, s.rdb, []string{s.resultKey(dataID), s.pendingKey(dataID), s.revokedKey(owner)},
+			hex.EncodeToString(owner[:]), limit).Result()
+		if reply, ok = v.([]any); err == nil && (!ok || len(reply) != 6) {
 			err = fmt.Errorf("bridge: Redis's answer to a look-up has the wrong shape: %T", v)
 		}
 	}
-	var e Entry
 	if done(err) {
 		if n, _ := reply[4].(int64); n == 1 {
-			return Entry{Revoked: true, Checked: true}
+			return Entry{Revoked: true, Checked: true}, 0, false
 		}
 		if revoked {
 			// This replica saw the logout, and Redis does not hold it: written again,
 			// for the other replicas.
 			s.putRevoked(owner, until)
-			return Entry{Revoked: true, Checked: true}
+			return Entry{Revoked: true, Checked: true}, 0, false
 		}
-		e.Result, e.Stored = decodeLookup(reply, owner)
+		size, _ = reply[5].(int64)
+		if size > limit {
+			// owner's result, its body not read: named stored, without a body.
+			o, _ := reply[0].(string)
+			var r Result
+			r.Owner, e.Stored = decodeOwner(o)
+			e.Result = r
+		} else {
+			e.Result, e.Stored = decodeLookup(reply, owner)
+			copied = e.Stored && e.Result.Owner == owner
+		}
 		pend, _ := reply[3].([]any)
 		m := make(map[string]string, len(pend)/2)
 		for i := 0; i+1 < len(pend); i += 2 {
@@ -360,7 +460,7 @@ func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 		e.Checked = true
 	}
 	if revoked {
-		return Entry{Revoked: true} // Redis did not answer: this replica's mark holds
+		return Entry{Revoked: true}, 0, false // Redis did not answer: this replica's mark holds
 	}
 	if !e.Stored {
 		if r, ok := s.localGet(dataID); ok {
@@ -370,7 +470,7 @@ func (s *RedisStore) Lookup(dataID string, owner Owner) Entry {
 			e.Result, e.Stored = r, true
 		}
 	}
-	return e
+	return e, size, copied
 }
 
 // decodeLookup reads the result part of lookupScript's reply for a poll of asker:

@@ -34,7 +34,7 @@ const (
 // the given prefix and timeout.
 func newRedisStore(t *testing.T, srv *redistest.Server, prefix string, timeout time.Duration) *RedisStore {
 	t.Helper()
-	s, err := NewRedisStore(srv.Client(t), prefix, testTTL, testPendingTTL, timeout, testMaxBytes, nil)
+	s, err := NewRedisStore(srv.Client(t), RedisStoreOptions{Prefix: prefix, TTL: testTTL, PendingTTL: testPendingTTL, Timeout: timeout, MaxBytes: testMaxBytes})
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v, want no error", err)
 	}
@@ -115,12 +115,12 @@ func TestNewRedisStoreErrors(t *testing.T) {
 		{"timeout", good, time.Hour, time.Hour, -time.Millisecond, 1 << 20, "negative"},
 	}
 	for _, tc := range tests {
-		s, err := NewRedisStore(tc.rdb, "", tc.ttl, tc.pttl, tc.timeout, tc.max, nil)
+		s, err := NewRedisStore(tc.rdb, RedisStoreOptions{TTL: tc.ttl, PendingTTL: tc.pttl, Timeout: tc.timeout, MaxBytes: tc.max})
 		if err == nil || !strings.Contains(err.Error(), tc.wantErrPart) {
 			t.Errorf("%s: NewRedisStore = %v, %v, want an error about %q", tc.name, s, err, tc.wantErrPart)
 		}
 	}
-	s, err := NewRedisStore(good, "", time.Hour, time.Hour, 0, 1<<20, nil)
+	s, err := NewRedisStore(good, RedisStoreOptions{TTL: time.Hour, PendingTTL: time.Hour, MaxBytes: 1 << 20})
 	if err != nil {
 		t.Fatalf("NewRedisStore with a Redis down = %v, want no error (it does not dial)", err)
 	}
@@ -227,7 +227,7 @@ func mapValues(m map[string]string) []string {
 func TestRedisStoreLarge(t *testing.T) {
 	srv := redistest.Start(t)
 	const max = 64 << 10
-	s, err := NewRedisStore(srv.Client(t), "", testTTL, testPendingTTL, testTimeout, max, nil)
+	s, err := NewRedisStore(srv.Client(t), RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: testTimeout, MaxBytes: max})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +492,7 @@ func TestRedisOutage(t *testing.T) {
 	clock := newFakeClock()
 	mk := func() replica {
 		t.Helper()
-		s, err := NewRedisStore(srv.Client(t), "", testTTL, testPendingTTL, DefaultRedisTimeout, testMaxBytes, nil)
+		s, err := NewRedisStore(srv.Client(t), RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: DefaultRedisTimeout, MaxBytes: testMaxBytes})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -657,7 +657,7 @@ func TestRedisTimeout(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	const timeout = 50 * time.Millisecond
-	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, timeout, testMaxBytes, nil)
+	s, err := NewRedisStore(rdb, RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: timeout, MaxBytes: testMaxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -685,7 +685,7 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 	addr, received := silentRedis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	s, err := NewRedisStore(rdb, "", testTTL, testPendingTTL, 20*time.Millisecond, testMaxBytes, nil)
+	s, err := NewRedisStore(rdb, RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: 20 * time.Millisecond, MaxBytes: testMaxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,7 +709,7 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 
 	// A Redis that answers again is used again, within storeRetryEvery or so.
 	srv := redistest.Start(t)
-	s2, err := NewRedisStore(srv.Client(t), "", testTTL, testPendingTTL, DefaultRedisTimeout, testMaxBytes, nil)
+	s2, err := NewRedisStore(srv.Client(t), RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: DefaultRedisTimeout, MaxBytes: testMaxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -778,7 +778,7 @@ func TestRedisReplicasConcurrent(t *testing.T) {
 // redis-server), beside BenchmarkPollStored's memory.
 func BenchmarkRedisPoll(b *testing.B) {
 	srv := redistest.Start(b)
-	s, err := NewRedisStore(srv.Client(b), "", testTTL, testPendingTTL, testTimeout, testMaxBytes, nil)
+	s, err := NewRedisStore(srv.Client(b), RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: testTimeout, MaxBytes: testMaxBytes})
 	if err != nil {
 		b.Fatal(err)
 	}

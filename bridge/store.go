@@ -56,6 +56,15 @@ type Entry struct {
 	// Revoked: the asking owner's session was ended (Revoke): nothing kept may be
 	// answered to it any more; Core decides.
 	Revoked bool
+	// Withheld: a result of the asking owner is stored (Stored), and its body was not
+	// read because the answer budget could not take it now (RedisStore's Lookup): the
+	// Result has its Owner and no body.
+	Withheld bool
+	// Release gives back the bytes of Result.Body taken from the answer budget while
+	// the look-up's caller holds the body (a copy read from Redis); call it once the
+	// body is no longer used. Nil when nothing was taken (no body, or the memory's own).
+	// Safe to call more than once.
+	Release func()
 }
 
 // Store holds final results by data_id and, when several replicas share it, the ids
@@ -70,7 +79,8 @@ type Entry struct {
 // the store holds for dataID, result and pending id, as they were at one instant; the
 // result's body and content type only when its owner is owner (the poll's), so that a
 // poll of another client, whose answer Core decides, costs no copy of a result that may
-// weigh megabytes.
+// weigh megabytes; a copy made for the owner's poll holds bytes of an answer budget
+// until the Entry's Release (see Entry.Withheld).
 // PutPending records p for dataID, for the store's pending time to live, unless a
 // result is stored for it; DropPending forgets dataID's pending id if owner submitted
 // it; a store that shares nothing does nothing there. Revoke records that owner's

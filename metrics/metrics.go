@@ -267,6 +267,22 @@ func RegisterBridge(reg prometheus.Registerer, b BridgeReporter, s StoreReporter
 	reg.MustRegister(bridgeCollector{b, s})
 }
 
+// AnswersReporter is what RegisterBridgeAnswers reads at each scrape; *bridge.Budget
+// is one.
+type AnswersReporter interface {
+	// Held is the bytes of answers held now for the polls writing them.
+	Held() int64
+}
+
+// RegisterBridgeAnswers registers on reg mdproxy_bridge_answer_bytes (a gauge), read
+// from a at each scrape. It panics if it is already registered on reg.
+func RegisterBridgeAnswers(reg prometheus.Registerer, a AnswersReporter) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "bridge_answer_bytes",
+		Help: "Answers to bridged polls held in memory for the clients reading them, in bytes: Core's answers to the polls the bridge sent it and, with MDPROXY_REDIS_URL, the results read from Redis for a poll; at most 64 MiB, beyond which Core's 200 is relayed as it comes and a stored result is asked of Core.",
+	}, func() float64 { return float64(a.Held()) })
+}
+
 var (
 	bridgeCallbacksDesc = prometheus.NewDesc(Namespace+"_bridge_callbacks_total",
 		"Callbacks received by the bridge's listener, by outcome: stored (a final result on a live secret path), forged (no live secret path: wrong or unknown secret, replay, late), invalid (another method, or a live secret path with a body too large, not JSON, of another data_id or not final), busy (503 with Retry-After: the callback bodies being read at once would weigh too much; Core delivers it again).",

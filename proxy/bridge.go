@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
@@ -38,8 +36,9 @@ type Bridge interface {
 var _ Bridge = (*bridge.Bridge)(nil)
 
 // maxSubmitAnswer bounds the part of Core's answer to POST /file that the proxy reads to
-// learn the data_id: Core answers a small JSON object.
-const maxSubmitAnswer = 1 << 20
+// learn the data_id, and Core's webhook status it redacts, in bytes: 64 KiB. Core
+// answers both with a small JSON object; each request in flight may hold this much.
+const maxSubmitAnswer = 64 << 10
 
 // DefaultPollBufferBytes is Options.PollBufferBytes' default: 64 MiB of Core's answers
 // to bridged polls held at once.
@@ -48,8 +47,9 @@ const DefaultPollBufferBytes = 64 << 20
 // maxPollError bounds Core's answer to a bridged poll that is not a 200 (an error, its
 // own 503, a 404 for a scan it lost), which the proxy reads whole whatever the budget
 // to decide what the polls waiting on it get: Core answers these with a small JSON
-// object. A larger one gets 502.
-const maxPollError = 1 << 20
+// object. A larger one gets 502. 64 KiB: each poll asking Core may hold this much,
+// outside the budget.
+const maxPollError = 64 << 10
 
 // submission is a POST /file the bridge registered a callback for.
 type submission struct {
@@ -217,6 +217,9 @@ func bridgedID(u *url.URL) (string, bool) {
 func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	owner := rt.ownerOf(r)
 	a := rt.bridge.Poll(id, owner)
+	if a.Release != nil {
+		defer a.Release() // a result read from Redis: its bytes held until written
+	}
 	switch a.Source {
 	case bridge.Stored, bridge.Pending:
 		rt.polls[a.Source].Inc()
@@ -435,7 +438,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 // failed: 502 to each poll waiting on it.
 func (rt *route) tooLarge(f *fetched) {
 	f.aborted = true
-	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d MiB).", maxPollError>>20)
+	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d KiB).", maxPollError>>10)
 	rt.log.Warn("bridge: Core's error answer to a poll is larger than the proxy reads; the polls waiting on it get 502", "limit_bytes", maxPollError)
 }
 
@@ -443,7 +446,7 @@ func (rt *route) tooLarge(f *fetched) {
 // from its reading until the last poll sharing it has written it: slow clients reading
 // shared answers hold the budget, not more memory. Safe for concurrent use.
 type bufferHold struct {
-	budget  *semaphore.Weighted
+	budget  *bridge.Budget
 	n       int64 // the answer's bytes
 	mu      sync.Mutex
 	polls   int  // the polls writing it, the one that asked Core among them until it has
@@ -490,7 +493,7 @@ type bufferWriter struct {
 	final     http.Header // Core's header as it was at WriteHeader: the answer's
 	status    int
 	body      bytes.Buffer
-	budget    *semaphore.Weighted
+	budget    *bridge.Budget
 	charged   int64 // the bytes of body the budget took
 	leader    *recorder
 	ex        *exchange

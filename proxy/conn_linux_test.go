@@ -30,7 +30,7 @@ func serveProxy(t *testing.T, p *Proxy, h http.Handler, connContext, tls bool, c
 	t.Helper()
 	front := httptest.NewUnstartedServer(h)
 	if connContext {
-		front.Listener = LazyDeadlines(front.Listener, testResolution)
+		front.Listener = LazyDeadlines(front.Listener, testResolution, 0)
 	}
 	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		select {

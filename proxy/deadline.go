@@ -29,13 +29,23 @@ import (
 // process) must not make a deadline at now look like one in the future, which would end
 // a blocked Read only at its next look.
 //
-// Connections that are not *net.TCPConn are returned as they are. The returned listener
-// is safe for concurrent use, as are its connections, as net.Conn is.
-func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
+// With maxConns above 0, at most maxConns of its connections are open at once: Accept
+// waits for one to close before it takes the next from ln (they wait in the kernel's
+// backlog meanwhile), as golang.org/x/net/netutil's LimitListener does, whose
+// connections would hide the *net.TCPConn that the deadlines and ConnContext work on.
+// Each open connection holds memory (README, Memory), which so stays bounded.
+//
+// Connections that are not *net.TCPConn are returned as they are, and not counted. The
+// returned listener is safe for concurrent use, as are its connections, as net.Conn is.
+func LazyDeadlines(ln net.Listener, resolution time.Duration, maxConns int) net.Listener {
 	if resolution <= 0 {
 		resolution = 100 * time.Millisecond
 	}
-	return &lazyListener{Listener: ln, conns: newSweepSet(resolution, (*lazyConn).sweep)}
+	l := &lazyListener{Listener: ln, conns: newSweepSet(resolution, (*lazyConn).sweep), closed: make(chan struct{})}
+	if maxConns > 0 {
+		l.slots = make(chan struct{}, maxConns)
+	}
+	return l
 }
 
 // lazyListener is LazyDeadlines' listener. Its open connections are in a sweepSet,
@@ -43,21 +53,48 @@ func LazyDeadlines(ln net.Listener, resolution time.Duration) net.Listener {
 type lazyListener struct {
 	net.Listener
 	conns *sweepSet[*lazyConn]
+	// slots holds a token for each open connection when maxConns bounds them; nil
+	// otherwise.
+	slots     chan struct{}
+	closed    chan struct{} // closed by Close: an Accept waiting for a slot returns
+	closeOnce sync.Once
 }
 
 func (l *lazyListener) Accept() (net.Conn, error) {
+	if l.slots != nil {
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.closed:
+			return nil, net.ErrClosed
+		}
+	}
 	c, err := l.Listener.Accept()
 	if err != nil {
+		l.release()
 		return c, err
 	}
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
+		l.release()
 		return c, nil
 	}
 	lc := &lazyConn{Conn: tc, ln: l}
 	lc.asked.Store(noDeadline)
 	l.conns.add(lc)
 	return lc, nil
+}
+
+// release gives back the slot of a connection closed, or of one not taken.
+func (l *lazyListener) release() {
+	if l.slots != nil {
+		<-l.slots
+	}
+}
+
+// Close closes the listener: Accept, waiting for a slot or not, returns net.ErrClosed.
+func (l *lazyListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
 
 // noDeadline is a lazyConn's deadline when there is none: later than any other.
@@ -191,10 +228,12 @@ func (c *lazyConn) Read(p []byte) (int, error) {
 	}
 }
 
-// Close closes the connection and forgets it.
+// Close closes the connection, forgets it and gives its slot back.
 func (c *lazyConn) Close() error {
-	c.closed.Store(true)
-	c.ln.conns.remove(c)
+	if !c.closed.Swap(true) {
+		c.ln.conns.remove(c)
+		c.ln.release()
+	}
 	return c.Conn.Close()
 }
 

@@ -21,7 +21,7 @@ func lazyPair(t *testing.T, resolution time.Duration) (*lazyConn, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := LazyDeadlines(l, resolution)
+	ln := LazyDeadlines(l, resolution, 0)
 	defer ln.Close()
 	client, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
@@ -367,7 +367,7 @@ func BenchmarkReadDeadlines(b *testing.B) {
 			}
 			defer l.Close()
 			if bc.lazy {
-				l = LazyDeadlines(l, 0)
+				l = LazyDeadlines(l, 0, 0)
 			}
 			client, err := net.Dial("tcp", l.Addr().String())
 			if err != nil {

@@ -66,7 +66,7 @@ func newTestProxy(t testing.TB, upstream http.Handler, opts func(*Options)) (pro
 		t.Fatalf("New(%+v) = %v, want no error", o, err)
 	}
 	front := httptest.NewUnstartedServer(p)
-	front.Listener = LazyDeadlines(front.Listener, testResolution) // as the sidecar serves it
+	front.Listener = LazyDeadlines(front.Listener, testResolution, 0) // as the sidecar serves it
 	front.Start()
 	t.Cleanup(front.Close)
 	return front.URL, reg

@@ -29,7 +29,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/mdproxy/mdproxy/bridge"
@@ -110,6 +109,10 @@ type Options struct {
 	// themselves), so that large results read by slow clients cannot take the proxy's
 	// memory. Zero means DefaultPollBufferBytes (64 MiB); negative is an error.
 	PollBufferBytes int64
+	// PollBuffers, when not nil, is the budget of PollBufferBytes, shared with what
+	// else holds answers to polls (a bridge.RedisStore's copies of the results it reads);
+	// PollBufferBytes is then not read.
+	PollBuffers *bridge.Budget
 	// Logger receives errors worth a line. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -140,8 +143,8 @@ type route struct {
 	submit          bool // POST /file: Content-Length required, bridged
 	polled          bool // GET /file/{data_id}: answered by the bridge
 	bridge          Bridge
-	flight          singleflight.Group  // one Core request for concurrent polls of an id
-	pollBuffers     *semaphore.Weighted // Options.PollBufferBytes, shared by the routes
+	flight          singleflight.Group // one Core request for concurrent polls of an id
+	pollBuffers     *bridge.Budget     // Options.PollBuffers, shared by the routes
 	polls           [bridge.Overdue + 1]prometheus.Counter
 	lastOwner       atomic.Pointer[ownerMemo]  // see ownerOf
 	lastCT          atomic.Pointer[[]string]   // see contentType
@@ -224,7 +227,10 @@ func New(opts Options) (*Proxy, error) {
 	case opts.PollBufferBytes < 0:
 		return nil, fmt.Errorf("proxy: poll buffer budget of %d bytes: want 0 or more", opts.PollBufferBytes)
 	}
-	pollBuffers := semaphore.NewWeighted(opts.PollBufferBytes)
+	pollBuffers := opts.PollBuffers
+	if pollBuffers == nil {
+		pollBuffers = bridge.NewBudget(opts.PollBufferBytes)
+	}
 	switch {
 	case opts.BodyIdleTimeout == 0:
 		opts.BodyIdleTimeout = 60 * time.Second

@@ -54,7 +54,7 @@ func newBatchProxy(t *testing.T, batch int, idle time.Duration) *batchProxy {
 	}
 	bp := &batchProxy{conns: make(chan *net.TCPConn, 16)}
 	front := httptest.NewUnstartedServer(p)
-	front.Listener = LazyDeadlines(front.Listener, testResolution) // as the sidecar serves it
+	front.Listener = LazyDeadlines(front.Listener, testResolution, 0) // as the sidecar serves it
 	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		if lc, ok := c.(*lazyConn); ok {
 			c = lc.tcp()

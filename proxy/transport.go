@@ -197,10 +197,21 @@ func (c *coreConn) Write(p []byte) (int, error) {
 // writer's ReadFrom: in reads and writes of up to UploadChunk bytes (io.Copy's own
 // buffer is 32 KiB), each write through Write, with its deadlines. Fewer, larger system
 // calls move an upload faster on one core.
+//
+// At most maxUploadChunks uploads copy with such a buffer at once; the others copy 32
+// KiB at a time, as io.Copy does, so that many slow uploads do not hold a MiB each.
 func (c *coreConn) ReadFrom(r io.Reader) (int64, error) {
-	buf := uploadBuffers.Get().(*[UploadChunk]byte)
-	defer uploadBuffers.Put(buf)
-	return io.CopyBuffer(writerOnly{c}, r, buf[:])
+	select {
+	case uploadChunks <- struct{}{}:
+		defer func() { <-uploadChunks }()
+		buf := uploadBuffers.Get().(*[UploadChunk]byte)
+		defer uploadBuffers.Put(buf)
+		return io.CopyBuffer(writerOnly{c}, r, buf[:])
+	default:
+		buf := smallUploadBuffers.Get().(*[smallUploadChunk]byte)
+		defer smallUploadBuffers.Put(buf)
+		return io.CopyBuffer(writerOnly{c}, r, buf[:])
+	}
 }
 
 // writerOnly hides a writer's ReadFrom from io.CopyBuffer, which would call it back.
@@ -212,8 +223,22 @@ type writerOnly struct{ io.Writer }
 const UploadChunk = 1 << 20
 
 // uploadBuffers recycles the buffers of uploads in flight: one each, 1 MiB (so 10
-// concurrent uploads hold 10 MiB).
+// concurrent uploads hold 10 MiB), for at most maxUploadChunks uploads at once (a token
+// each in uploadChunks): 32 MiB in all.
 var uploadBuffers = sync.Pool{New: func() any { return new([UploadChunk]byte) }}
+
+// maxUploadChunks is the most uploads in flight that copy UploadChunk at a time.
+const maxUploadChunks = 32
+
+// uploadChunks holds a token for each upload that copies with a buffer of uploadBuffers.
+var uploadChunks = make(chan struct{}, maxUploadChunks)
+
+// smallUploadChunk is the buffer of the uploads beyond maxUploadChunks, in bytes:
+// io.Copy's.
+const smallUploadChunk = 32 << 10
+
+// smallUploadBuffers recycles the buffers of the uploads beyond maxUploadChunks.
+var smallUploadBuffers = sync.Pool{New: func() any { return new([smallUploadChunk]byte) }}
 
 // Close closes the connection and tells its owner, once.
 func (c *coreConn) Close() error {

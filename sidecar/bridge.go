@@ -76,8 +76,10 @@ type bridgeRunning struct {
 // bounded by timeout (MDPROXY_REDIS_TIMEOUT), and shared by every replica with the same
 // Redis and prefix (bridge.RedisStore: Redis's maxmemory bounds it; a Redis that does not
 // answer makes polls misses, forwarded to Core). rdb must have ContextTimeoutEnabled set
-// and stays the caller's to close, after the bridge's close.
-func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, log *slog.Logger, rdb redis.UniversalClient, prefix string, timeout time.Duration) (*bridgeRunning, error) {
+// and stays the caller's to close, after the bridge's close. The results a RedisStore
+// reads for polls are charged to answers, the budget the proxy holds Core's answers to
+// bridged polls in.
+func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, log *slog.Logger, rdb redis.UniversalClient, prefix string, timeout time.Duration, answers *bridge.Budget) (*bridgeRunning, error) {
 	if !cfg.Bridge {
 		return nil, nil
 	}
@@ -112,7 +114,8 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		store, closeStore = ms, ms.Close
 	} else {
 		// The settings are validated already: an error here is the wiring's.
-		rs, err := bridge.NewRedisStore(rdb, prefix, cfg.StoreTTL, cfg.BridgePendingTTL, timeout, cfg.StoreMaxBytes, blog)
+		rs, err := bridge.NewRedisStore(rdb, bridge.RedisStoreOptions{Prefix: prefix, TTL: cfg.StoreTTL,
+			PendingTTL: cfg.BridgePendingTTL, Timeout: timeout, MaxBytes: cfg.StoreMaxBytes, Answers: answers, Logger: blog})
 		if err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("the bridge's result store on Redis: %w", err)
@@ -133,6 +136,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		return nil, &ConfigError{err}
 	}
 	metrics.RegisterBridge(reg, b, store)
+	metrics.RegisterBridgeAnswers(reg, answers)
 	// A callback is a small JSON body, read whole by the handler, or left for net/http
 	// to read (up to 256 KiB) before it answers a refusal: both reads are bounded, so
 	// that a peer silent in its body does not hold a connection for ever, and is
@@ -147,6 +151,7 @@ func startBridge(ctx context.Context, cfg *Config, reg prometheus.Registerer, lo
 		ReadTimeout:       cfg.BodyIdleTimeout,
 		WriteTimeout:      2 * cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          serverErrorLog(log),
 	}
 	return &bridgeRunning{b: b, closeStore: closeStore, srv: srv, ln: ln, cbBase: base}, nil

@@ -68,6 +68,10 @@ type Config struct {
 	// Default 524288 (512 KiB); 0 reads every body as its bytes come; otherwise from
 	// 65536 to 16777216.
 	UploadReadBatch int `env:"UPLOAD_READ_BATCH" envDefault:"524288"`
+	// MaxConnections is the most client connections the proxy port holds open at once:
+	// beyond it a new one waits in the kernel's backlog until another closes (each open
+	// connection holds memory: README, Memory). Default 1024; from 1 to 1000000.
+	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"1024"`
 	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the proxy
 	// keeps serving, so that load balancers stop sending before the listener closes.
 	// A second SIGTERM or SIGINT ends the delay early. Default 5s; 0 closes the
@@ -276,6 +280,10 @@ const (
 	maxSettle = time.Minute
 )
 
+// maxConnections bounds MDPROXY_MAX_CONNECTIONS: a million connections of tens of KiB
+// each are tens of GiB.
+const maxConnections = 1_000_000
+
 // maxClientKeys bounds MDPROXY_CLIENT_KEYS_MAX: at 20 to 40 bytes a key, at most
 // 400 MB a route (with Redis, 40 to 85 bytes more for the replica's views: 1.25 GB).
 const maxClientKeys = 10_000_000
@@ -303,6 +311,7 @@ var configWants = map[string]string{
 	"LIMITS_FILE_SETTLE":       "want a duration with its unit from 10ms to 1m (e.g. 1s)",
 	"CLIENT_IPV6_PREFIX":       "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
 	"CLIENT_IPV4_PREFIX":       "want a prefix length in bits from 1 to 32 (e.g. 32: each address its own key)",
+	"MAX_CONNECTIONS":          fmt.Sprintf("want a whole number of connections from 1 to %d (e.g. 1024)", maxConnections),
 	"CLIENT_KEYS_MAX":          fmt.Sprintf("want a whole number of client keys per route from 1 to %d (e.g. 100000)", maxClientKeys),
 }
 
@@ -380,6 +389,9 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
 		bad("UPLOAD_READ_BATCH", configWants["UPLOAD_READ_BATCH"])
+	}
+	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
+		bad("MAX_CONNECTIONS", configWants["MAX_CONNECTIONS"])
 	}
 	if c.ClientKeysMax < 1 || c.ClientKeysMax > maxClientKeys {
 		bad("CLIENT_KEYS_MAX", configWants["CLIENT_KEYS_MAX"])

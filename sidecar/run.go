@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/proxy"
@@ -112,7 +113,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	tr := proxy.NewTransport(topts)
 	// Pooled connections to Core end with Run: no goroutine of them outlives it.
 	defer tr.CloseIdleConnections()
-	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout)
+	// Answers to polls held for their clients: Core's (the proxy) and results read
+	// from Redis (the bridge's store), in one budget.
+	answers := bridge.NewBudget(bridge.DefaultAnswerBytes)
+	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout, answers)
 	if err != nil {
 		return err
 	}
@@ -134,6 +138,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		UpstreamTimeout:  topts.ResponseHeaderTimeout,
 		BodyIdleTimeout:  topts.BodyIdleTimeout,
 		UploadReadBatch:  cfg.UploadReadBatch,
+		PollBuffers:      answers,
 		Logger:           log,
 	})
 	if err != nil {
@@ -155,8 +160,9 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	errLog := serverErrorLog(log)
 	srv := newServer(cfg, h, errLog)
 	// net/http's read deadlines, set a few times a request, are kept in memory and
-	// enforced by one goroutine (proxy.LazyDeadlines), not by a runtime timer each.
-	pl = proxy.LazyDeadlines(pl, deadlineResolution(cfg))
+	// enforced by one goroutine (proxy.LazyDeadlines), not by a runtime timer each; and
+	// at most MDPROXY_MAX_CONNECTIONS connections are open at once.
+	pl = proxy.LazyDeadlines(pl, deadlineResolution(cfg), cfg.MaxConnections)
 	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
@@ -166,6 +172,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		ReadTimeout:       cfg.ReadHeaderTimeout,
 		WriteTimeout:      cfg.BodyIdleTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
 	}
 
@@ -328,10 +335,17 @@ func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 		Handler:           p,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
 		ConnContext:       p.ConnContext, // MDPROXY_BODY_IDLE_TIMEOUT and MDPROXY_UPLOAD_READ_BATCH on each connection
 	}
 }
+
+// maxHeaderBytes bounds the header of a request to each of mdproxy's listeners, in
+// bytes: 64 KiB (net/http allows 4 KiB more, and answers 431 beyond). Core's API takes
+// a few small fields (apikey, filename, rule, metadata...); net/http's default, 1 MiB,
+// would let each open connection hold a MiB while its header is read.
+const maxHeaderBytes = 64 << 10
 
 // adminHandler serves /metrics from reg, /healthz (200 while the process runs) and
 // /readyz (200 until shutdown starts, then 503 while the proxy still serves for
