@@ -318,13 +318,17 @@ func TestNoRedisServer(t *testing.T) {
 	}
 }
 
-// TestProxyReplicasShareLimit runs Proxy-10 and Proxy-10x2 on the emulator, with
+// TestProxyReplicasShareLimit runs Proxy-2 and Proxy-2x2 on the emulator, with
 // mdproxy's shipped wiring and a real Redis: the two replicas together accept the
 // fetches that one accepts alone, not twice as many, and Core takes as long. The Core
 // is slowed (250 ms a scanned object rather than 83) so that about a hundred results
-// stay outstanding for most of the run and the limit binds in every fetch round;
-// with each replica's bucket its own (a Redis prefix a replica), the pair accepted 1.7
-// times Proxy-10's fetches in this set-up.
+// stay outstanding for most of the run, and the client fetches every 0.5 s (virtual)
+// rather than 5 s, so that it asks for far more than 2 fetches a second throughout:
+// the accepted rate is the limit's, whatever the client's pace on a loaded machine
+// (with the seed's 5 s rounds at Proxy-10, it followed the pace of the rounds, and
+// the ratio of the two cases ranged from 0.92 to 1.38 under CPU load). With each
+// replica's bucket its own (a Redis prefix a replica), the pair accepted 1.72 and
+// 1.90 times Proxy-2's fetches under load; sharing one, 0.92 to 1.02.
 func TestProxyReplicasShareLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs two emulated cases, about 30 s")
@@ -341,6 +345,10 @@ func TestProxyReplicasShareLimit(t *testing.T) {
 	env.StartProxy = func(ctx context.Context, environ map[string]string) (string, func() error, error) {
 		environ = maps.Clone(environ)
 		environ["MDPROXY_LOG_LEVEL"] = "warn"
+		// At the 50 ms default a loaded machine turns Redis's answers into local
+		// decisions, each replica at its share: a pair one of which fell back accepted
+		// 1.97 times Proxy-10's fetches.
+		environ["MDPROXY_REDIS_TIMEOUT"] = "1s"
 		return sidecar.Start(ctx, environ, &logs)
 	}
 	defer func() {
@@ -349,13 +357,15 @@ func TestProxyReplicasShareLimit(t *testing.T) {
 		}
 	}()
 	const submissions = 100
+	w := testWorkload(submissions)
+	w.FetchInterval = 500 * time.Millisecond
 	figs := map[string]Figures{}
-	for _, name := range []string{"Proxy-10", "Proxy-10x2"} {
+	for _, name := range []string{"Proxy-2", "Proxy-2x2"} {
 		sc, err := ParseScenario(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := RunScenario(context.Background(), env, sc, testWorkload(submissions), files)
+		f, err := RunScenario(context.Background(), env, sc, w, files)
 		if err != nil {
 			t.Fatalf("RunScenario(%s) = %v", name, err)
 		}
@@ -366,19 +376,16 @@ func TestProxyReplicasShareLimit(t *testing.T) {
 			name, f.DurationMin, *f.FetchRequestsPerS, *f.FetchErrorRatePct, *f.CoreFetchesPerFile)
 		figs[name] = f
 	}
-	one, two := figs["Proxy-10"], figs["Proxy-10x2"]
+	one, two := figs["Proxy-2"], figs["Proxy-2x2"]
 	if *one.FetchErrorRatePct < 20 {
-		t.Fatalf("Proxy-10 refused %.1f%% of the fetches, want at least 20%%: the limit must bind for the comparison to mean anything", *one.FetchErrorRatePct)
+		t.Fatalf("Proxy-2 refused %.1f%% of the fetches, want at least 20%%: the limit must bind for the comparison to mean anything", *one.FetchErrorRatePct)
 	}
-	// Alone, the ratio is 0.95 to 1.08. The lower bound is loose: on a loaded machine
-	// (the race detector, other tests) every decision being a Redis round trip slows
-	// the pair's fetch rounds, and fewer rounds accept fewer fetches (0.78 seen once).
 	if r := *two.FetchRequestsPerS / *one.FetchRequestsPerS; r < 0.6 || r > 1.3 {
-		t.Errorf("Proxy-10x2 accepted %.3f fetches a second, %.2f times Proxy-10's %.3f: want 0.6 to 1.3 (one limit shared, not one a replica)",
+		t.Errorf("Proxy-2x2 accepted %.3f fetches a second, %.2f times Proxy-2's %.3f: want 0.6 to 1.3 (one limit shared, not one a replica)",
 			*two.FetchRequestsPerS, r, *one.FetchRequestsPerS)
 	}
 	if r := two.DurationMin / one.DurationMin; r < 0.85 || r > 1.15 {
-		t.Errorf("Proxy-10x2 took %.3f min, %.2f times Proxy-10's %.3f: want within 15%%", two.DurationMin, r, one.DurationMin)
+		t.Errorf("Proxy-2x2 took %.3f min, %.2f times Proxy-2's %.3f: want within 15%%", two.DurationMin, r, one.DurationMin)
 	}
 }
 
