@@ -318,16 +318,20 @@ func TestNoRedisServer(t *testing.T) {
 	}
 }
 
-// TestProxyReplicasShareLimit runs Proxy-10 and Proxy-10x2 on the emulator, with
-// mdproxy's shipped wiring and a real Redis: the two replicas together accept the
+// TestProxyReplicasShareLimit runs Proxy-2 and Proxy-2x2 on the emulator, at once,
+// with mdproxy's shipped wiring and a real Redis: the two replicas together accept the
 // fetches that one accepts alone, not twice as many, and Core takes as long. The Core
 // is slowed (250 ms a scanned object rather than 83) so that about a hundred results
-// stay outstanding for most of the run and the limit binds in every fetch round;
-// with each replica's bucket its own (a Redis prefix a replica), the pair accepted 1.7
-// times Proxy-10's fetches in this set-up.
+// stay outstanding for most of the run, and the client fetches every 0.5 s (virtual)
+// rather than 5 s, so that it asks for more than the limit allows: the accepted rate
+// is the limit's rather than the pace of the client's rounds, which a loaded machine
+// sets (at Proxy-10 with 5 s rounds, run one after the other, a correct pair accepted
+// 0.92 to 1.38 times Proxy-10's fetches under CPU load). Under load, sharing one
+// bucket the pair accepted 0.93 to 1.20 times Proxy-2's fetches; with a bucket a
+// replica (a Redis prefix each), 1.55 to 1.81 times.
 func TestProxyReplicasShareLimit(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs two emulated cases, about 30 s")
+		t.Skip("runs two emulated cases, about 15 s")
 	}
 	needRedisServer(t)
 	files, err := LoadOrGenerate(t.TempDir(), QuickData)
@@ -341,6 +345,10 @@ func TestProxyReplicasShareLimit(t *testing.T) {
 	env.StartProxy = func(ctx context.Context, environ map[string]string) (string, func() error, error) {
 		environ = maps.Clone(environ)
 		environ["MDPROXY_LOG_LEVEL"] = "warn"
+		// At the 50 ms default a loaded machine turns Redis's answers into local
+		// decisions, each replica at its share: a pair one of which fell back accepted
+		// 1.97 times Proxy-10's fetches.
+		environ["MDPROXY_REDIS_TIMEOUT"] = "1s"
 		return sidecar.Start(ctx, environ, &logs)
 	}
 	defer func() {
@@ -349,36 +357,52 @@ func TestProxyReplicasShareLimit(t *testing.T) {
 		}
 	}()
 	const submissions = 100
-	figs := map[string]Figures{}
-	for _, name := range []string{"Proxy-10", "Proxy-10x2"} {
+	w := testWorkload(submissions)
+	w.FetchInterval = 500 * time.Millisecond
+	// Both cases at once, so that a loaded machine slows them alike: run one after the
+	// other, a case starved more than the other accepted fewer fetches.
+	names := []string{"Proxy-2", "Proxy-2x2"}
+	figs := make([]Figures, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
 		sc, err := ParseScenario(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := RunScenario(context.Background(), env, sc, testWorkload(submissions), files)
-		if err != nil {
-			t.Fatalf("RunScenario(%s) = %v", name, err)
+		env := env
+		env.Sim.Engines = slices.Clone(env.Sim.Engines) // coresim.New trims them in place
+		wg.Go(func() { figs[i], errs[i] = RunScenario(context.Background(), env, sc, w, files) })
+	}
+	wg.Wait()
+	for i, name := range names {
+		f := figs[i]
+		if errs[i] != nil {
+			t.Fatalf("RunScenario(%s) = %v", name, errs[i])
 		}
 		if f.Submissions != submissions || f.FetchRequestsPerS == nil {
 			t.Fatalf("%s: %d of %d submissions answered, fetch rate %v", name, f.Submissions, submissions, f.FetchRequestsPerS)
 		}
 		t.Logf("%s: duration %.3f min, accepted %.3f fetches/s, %.1f%% refused, %.3f Core polls a file",
 			name, f.DurationMin, *f.FetchRequestsPerS, *f.FetchErrorRatePct, *f.CoreFetchesPerFile)
-		figs[name] = f
 	}
-	one, two := figs["Proxy-10"], figs["Proxy-10x2"]
-	if *one.FetchErrorRatePct < 20 {
-		t.Fatalf("Proxy-10 refused %.1f%% of the fetches, want at least 20%%: the limit must bind for the comparison to mean anything", *one.FetchErrorRatePct)
+	one, two := figs[0], figs[1]
+	for i, f := range figs {
+		// Most of them when the machine keeps the client's pace; a client starved
+		// for longer than the burst lasts (125 ms real at ×20) asks for less than the
+		// limit, which then hardly binds (5.7% seen under heavy load).
+		if *f.FetchErrorRatePct < 20 {
+			t.Skipf("%s refused %.1f%% of the fetches, under 20%%: the client could not keep its pace on this machine, and the limit must bind for the comparison to mean anything", names[i], *f.FetchErrorRatePct)
+		}
 	}
-	// Alone, the ratio is 0.95 to 1.08. The lower bound is loose: on a loaded machine
-	// (the race detector, other tests) every decision being a Redis round trip slows
-	// the pair's fetch rounds, and fewer rounds accept fewer fetches (0.78 seen once).
-	if r := *two.FetchRequestsPerS / *one.FetchRequestsPerS; r < 0.6 || r > 1.3 {
-		t.Errorf("Proxy-10x2 accepted %.3f fetches a second, %.2f times Proxy-10's %.3f: want 0.6 to 1.3 (one limit shared, not one a replica)",
+	if r := *two.FetchRequestsPerS / *one.FetchRequestsPerS; r < 0.6 || r > 1.4 {
+		t.Errorf("Proxy-2x2 accepted %.3f fetches a second, %.2f times Proxy-2's %.3f: want 0.6 to 1.4 (one limit shared, not one a replica)",
 			*two.FetchRequestsPerS, r, *one.FetchRequestsPerS)
 	}
-	if r := two.DurationMin / one.DurationMin; r < 0.85 || r > 1.15 {
-		t.Errorf("Proxy-10x2 took %.3f min, %.2f times Proxy-10's %.3f: want within 15%%", two.DurationMin, r, one.DurationMin)
+	// The emulated Core keeps its pace less well on a loaded machine: two cases run
+	// at once took from 3.8 to 5.9 min, one 13% longer than the other.
+	if r := two.DurationMin / one.DurationMin; r < 0.75 || r > 1.25 {
+		t.Errorf("Proxy-2x2 took %.3f min, %.2f times Proxy-2's %.3f: want within 25%%", two.DurationMin, r, one.DurationMin)
 	}
 }
 

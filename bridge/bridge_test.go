@@ -893,7 +893,14 @@ func TestCallbackURLWithPath(t *testing.T) {
 // busy, and stores nothing; once the first is read, the second is taken.
 func TestCallbackBodiesBounded(t *testing.T) {
 	tb := newTestBridge(t, Options{MaxCallbackBytes: 4096})
-	srv := httptest.NewServer(tb.Handler())
+	// The handler reads a body only once it holds its weight: its first read of the
+	// first callback's body says that the first holds its 3000 bytes.
+	reading := make(chan struct{})
+	signal := sync.OnceFunc(func() { close(reading) })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = readSignal{r.Body, signal}
+		tb.Handler().ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	first, second := tb.submit(t, "d1", alice), tb.submit(t, "d2", alice)
 	body1, body2 := finalResult("d1"), finalResult("d2")
@@ -902,6 +909,7 @@ func TestCallbackBodiesBounded(t *testing.T) {
 
 	// The first callback's body comes slowly: its half, then the rest later.
 	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() }) // before srv.Close, which waits for the handler
 	done := make(chan int, 1)
 	go func() {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+CallbackPath+first, pr)
@@ -917,7 +925,11 @@ func TestCallbackBodiesBounded(t *testing.T) {
 	if _, err := pw.Write(body1[:1500]); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the listener reads it, holding 3000 of 4096 bytes
+	select { // the handler reads it, holding 3000 of 4096 bytes
+	case <-reading:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first callback's body was not read within 30 s")
+	}
 
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+CallbackPath+second, bytes.NewReader(body2))
 	resp, err := srv.Client().Do(req)
@@ -947,6 +959,17 @@ func TestCallbackBodiesBounded(t *testing.T) {
 	}
 	wantPoll(t, tb.Bridge, "d1", alice, Stored, body1)
 	wantPoll(t, tb.Bridge, "d2", alice, Stored, body2)
+}
+
+// readSignal is a request body that calls read before each read.
+type readSignal struct {
+	io.ReadCloser
+	read func()
+}
+
+func (r readSignal) Read(p []byte) (int, error) {
+	r.read()
+	return r.ReadCloser.Read(p)
 }
 
 // TestLoggedOut: once Core ended a session (LoggedOut), no stored result nor pending

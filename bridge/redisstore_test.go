@@ -471,22 +471,25 @@ func TestRedisReplicasObserve(t *testing.T) {
 	wantPoll(t, a.Bridge, "lost", alice, Miss, nil)
 }
 
-// timed runs f and fails t if it takes longer than max.
-func timed(t *testing.T, what string, max time.Duration, f func()) {
+// hangBound is how long a call of a RedisStore may take with Redis out or silent:
+// far above the store's timeout (50 ms), so that only a call that waits on Redis
+// beyond that timeout reaches it, never one a loaded machine slowed (450 ms seen).
+const hangBound = 5 * time.Second
+
+// timed runs f and fails t at once if it took longer than hangBound.
+func timed(t *testing.T, what string, f func()) {
 	t.Helper()
 	start := time.Now()
 	f()
-	if d := time.Since(start); d > max {
-		t.Errorf("%s took %v with Redis out, want at most %v", what, d, max)
+	if d := time.Since(start); d > hangBound {
+		t.Fatalf("%s took %v with Redis out, want it bounded by the store's timeout (%v is far above it)", what, d, hangBound)
 	}
 }
 
-// slack is what a call may take beyond the store's timeout on a loaded machine.
-const slack = 200 * time.Millisecond
-
-// TestRedisOutage: with Redis stopped, Get and Lookup miss and Put declines, within the
-// timeout, without a panic; a replica still answers its own submissions, and the other
-// forwards them to Core. Once Redis is back, the store works again.
+// TestRedisOutage: with Redis stopped, Get and Lookup miss and Put declines, without
+// waiting on Redis (hangBound) nor a panic; a replica still answers its own
+// submissions, and the other forwards them to Core. Once Redis is back, the store works
+// again.
 func TestRedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
@@ -510,24 +513,23 @@ func TestRedisOutage(t *testing.T) {
 	a.submit(t, "x")
 
 	srv.Stop()
-	max := DefaultRedisTimeout + slack
 	for range 3 { // the first failures and those after go-redis gave up dialling
-		timed(t, "Get", max, func() {
+		timed(t, "Get", func() {
 			if _, ok := a.store.Get("old"); ok {
 				t.Errorf("Get(old) with Redis out found it")
 			}
 		})
-		timed(t, "Lookup", max, func() {
+		timed(t, "Lookup", func() {
 			if e := a.store.Lookup("x", alice); e.Stored || e.IsPending {
 				t.Errorf("Lookup(x) with Redis out = %+v, want nothing", e)
 			}
 		})
-		timed(t, "Put", max, func() { a.store.Put("new", Result{Body: finalResult("new"), Owner: alice}) })
-		timed(t, "PutPending", max, func() { a.store.PutPending("p", PendingID{Owner: alice, Submitted: clock.Now()}) })
-		timed(t, "DropPending", max, func() { a.store.DropPending("x", alice) })
-		timed(t, "A's Poll", max, func() { wantPoll(t, a.Bridge, "x", alice, Pending, InProgress("x")) })
-		timed(t, "B's Poll", max, func() { wantPoll(t, b.Bridge, "x", alice, Miss, nil) })
-		timed(t, "Submitted", max, func() { a.submit(t, "y") })
+		timed(t, "Put", func() { a.store.Put("new", Result{Body: finalResult("new"), Owner: alice}) })
+		timed(t, "PutPending", func() { a.store.PutPending("p", PendingID{Owner: alice, Submitted: clock.Now()}) })
+		timed(t, "DropPending", func() { a.store.DropPending("x", alice) })
+		timed(t, "A's Poll", func() { wantPoll(t, a.Bridge, "x", alice, Pending, InProgress("x")) })
+		timed(t, "B's Poll", func() { wantPoll(t, b.Bridge, "x", alice, Miss, nil) })
+		timed(t, "Submitted", func() { a.submit(t, "y") })
 	}
 	if a.store.failures.Load() == 0 || !a.store.down.Load() {
 		t.Errorf("failures %d, down %v, want failures counted and the store down", a.store.failures.Load(), a.store.down.Load())
@@ -650,11 +652,34 @@ func silentRedis(t *testing.T) (addr string, received *atomic.Int64) {
 	return ln.Addr().String(), received
 }
 
+// commandCount is a go-redis hook that counts the commands its client is asked to
+// send, each of a pipeline, before they are sent: a count that a call has raised once it
+// returned, whether the command reached Redis or not.
+type commandCount struct{ n atomic.Int64 }
+
+func (c *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
 // TestRedisTimeout: a Redis that accepts connections and never answers (hung, or a
-// network that drops) holds each call for the timeout only.
+// network that drops) holds each call for the timeout only: the client's own bounds
+// are far above hangBound, so that only the store's timeout keeps a call within it.
 func TestRedisTimeout(t *testing.T) {
 	addr, _ := silentRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+		ReadTimeout: 6 * hangBound, WriteTimeout: 6 * hangBound})
 	t.Cleanup(func() { rdb.Close() })
 	const timeout = 50 * time.Millisecond
 	s, err := NewRedisStore(rdb, RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: timeout, MaxBytes: testMaxBytes})
@@ -662,18 +687,17 @@ func TestRedisTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	max := timeout + slack
 	for i := range 2 {
-		timed(t, "Get", max, func() {
+		timed(t, "Get", func() {
 			// Nothing the first time; then the result the first Put kept in memory.
 			if _, ok := s.Get("a"); ok != (i > 0) {
 				t.Errorf("Get(a) from a silent Redis: found %v, want %v", ok, i > 0)
 			}
 		})
-		timed(t, "Lookup", max, func() { s.Lookup("a", alice) })
-		timed(t, "Put", max, func() { s.Put("a", Result{Body: finalResult("a")}) })
-		timed(t, "PutPending", max, func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
-		timed(t, "DropPending", max, func() { s.DropPending("a", alice) })
+		timed(t, "Lookup", func() { s.Lookup("a", alice) })
+		timed(t, "Put", func() { s.Put("a", Result{Body: finalResult("a")}) })
+		timed(t, "PutPending", func() { s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()}) })
+		timed(t, "DropPending", func() { s.DropPending("a", alice) })
 	}
 }
 
@@ -682,9 +706,11 @@ func TestRedisTimeout(t *testing.T) {
 // the timeout each: nothing more is sent to it), and it tries Redis again every
 // storeRetryEvery: a Redis that answers again is used again.
 func TestRedisStoreSkipsHungRedis(t *testing.T) {
-	addr, received := silentRedis(t)
+	addr, _ := silentRedis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
+	var cmds commandCount // what the store asks the client to send, counted as it asks
+	rdb.AddHook(&cmds)
 	s, err := NewRedisStore(rdb, RedisStoreOptions{TTL: testTTL, PendingTTL: testPendingTTL, Timeout: 20 * time.Millisecond, MaxBytes: testMaxBytes})
 	if err != nil {
 		t.Fatal(err)
@@ -693,18 +719,17 @@ func TestRedisStoreSkipsHungRedis(t *testing.T) {
 	for range storeFailuresToOpen {
 		s.Lookup("a", alice)
 	}
-	sent := received.Load()
+	sent := cmds.n.Load()
 	if sent == 0 {
-		t.Fatal("the hung Redis received nothing of the first calls")
+		t.Fatal("the store sent the hung Redis nothing of the first calls")
 	}
 	start := time.Now()
 	for range 10 { // 400 ms of timeouts if each reached Redis: within storeRetryEvery
 		s.Lookup("a", alice)
 		s.PutPending("a", PendingID{Owner: alice, Submitted: time.Now()})
 	}
-	time.Sleep(50 * time.Millisecond) // any command sent meanwhile has arrived
-	if got := received.Load(); got != sent && time.Since(start) < storeRetryEvery {
-		t.Errorf("the hung Redis received %d bytes more after %d calls it did not answer, want none: the store skips it", got-sent, storeFailuresToOpen)
+	if got := cmds.n.Load(); got != sent && time.Since(start) < storeRetryEvery {
+		t.Errorf("the store sent the hung Redis %d commands more after %d calls it did not answer, want none: the store skips it", got-sent, storeFailuresToOpen)
 	}
 
 	// A Redis that answers again is used again, within storeRetryEvery or so.

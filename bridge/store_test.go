@@ -132,7 +132,9 @@ func TestMemoryStoreRealExpiry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for otter's clean-up tick (1 s)")
 	}
-	s, err := NewMemoryStore(1<<20, 50*time.Millisecond)
+	// A ttl far above the time between the Put and the Get after it, even on a loaded
+	// machine (50 ms was not).
+	s, err := NewMemoryStore(1<<20, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +143,10 @@ func TestMemoryStoreRealExpiry(t *testing.T) {
 	if _, ok := s.Get("a"); !ok {
 		t.Fatalf("Get(a) at once found nothing")
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for s.Len() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("Len() = %d 5 s after a 50 ms ttl, want the entry removed without a read", s.Len())
+			t.Fatalf("Len() = %d 30 s after a 1 s ttl, want the entry removed without a read", s.Len())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -268,28 +268,35 @@ func TestRedisKeysExpire(t *testing.T) {
 
 // TestRedisWaitOnClock checks a request that must wait for its token: Redis gives the
 // wait, the bucket's clock times it (a fake one here, so the test does not wait), and
-// a request that gives up waiting gives its token back.
+// a request that gives up waiting gives its token back. A token comes every 10 s, so
+// that the real time the steps take on Redis's clock (far less, even on a loaded
+// machine) changes no outcome.
 func TestRedisWaitOnClock(t *testing.T) {
+	const interval = 10 * time.Second
 	srv := redistest.Start(t)
 	clock := clockwork.NewFakeClockAt(time.Now())
-	limits := map[string]limiter.Limit{"hash_lookup": {Rate: 1, Burst: 1, MaxWait: 10 * time.Second}}
+	limits := map[string]limiter.Limit{"hash_lookup": {Rate: 0.1, Burst: 1, MaxWait: 10 * interval}}
 	r := newReplica(t, srv, limits, limiter.RedisOptions{}, clock)
 	l := r.set.Limiter("hash_lookup")
 	ctx := context.Background()
+	start := time.Now()
 	if d := l.Acquire(ctx, ""); d.Outcome != limiter.Allowed {
 		t.Fatalf("first request: %v, want allowed", d.Outcome)
 	}
 	got := make(chan limiter.Decision, 1)
 	go func() { got <- l.Acquire(ctx, "") }()
 	untilWaiting(t, clock)
-	clock.Advance(time.Second)
+	// Redis counts the second request's wait on its own clock: the interval less the
+	// real time since the first request's token, which is less than the time since start.
+	least := interval - time.Since(start) - time.Millisecond
+	clock.Advance(interval)
 	d := <-got
-	if d.Outcome != limiter.Delayed || d.Waited < 900*time.Millisecond || d.Waited > time.Second {
-		t.Errorf("second request: %v after %v, want delayed about 1s", d.Outcome, d.Waited)
+	if d.Outcome != limiter.Delayed || d.Waited < least || d.Waited > interval {
+		t.Errorf("second request: %v after %v, want delayed between %v and %v", d.Outcome, d.Waited, least, interval)
 	}
 
-	// A third waits about 2 s (its turn after the second's); it gives up, and its
-	// token goes back: a fourth waits no longer than the third would have.
+	// A third waits about two intervals (its turn after the second's); it gives up,
+	// and its token goes back: a fourth waits no longer than the third would have.
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { got <- l.Acquire(cctx, "") }()
 	untilWaiting(t, clock)
@@ -299,38 +306,43 @@ func TestRedisWaitOnClock(t *testing.T) {
 	}
 	go func() { got <- l.Acquire(ctx, "") }()
 	untilWaiting(t, clock)
-	clock.Advance(2 * time.Second)
-	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > 2*time.Second {
-		t.Errorf("fourth request: %v after %v, want delayed at most 2s (the third's token given back)", d.Outcome, d.Waited)
+	clock.Advance(2 * interval)
+	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > 2*interval {
+		t.Errorf("fourth request: %v after %v, want delayed at most %v (the third's token given back)", d.Outcome, d.Waited, 2*interval)
 	}
 }
 
 // TestRedisWithMaxWait: on Redis as in a local bucket, a request whose token is within
 // MaxWait but beyond the bound of WithMaxWait is rejected at once with the time until
 // its token, and gives its token back: the next request waits no longer than it would
-// have; one within the bound waits.
+// have; one within the bound waits. A token comes every 10 s and the bound is half
+// that, so that the real time the steps take on Redis's clock changes no outcome.
 func TestRedisWithMaxWait(t *testing.T) {
+	const interval = 10 * time.Second
 	srv := redistest.Start(t)
 	clock := clockwork.NewFakeClockAt(time.Now())
-	limits := map[string]limiter.Limit{"hash_lookup": {Rate: 1, Burst: 1, MaxWait: 10 * time.Second}}
+	limits := map[string]limiter.Limit{"hash_lookup": {Rate: 0.1, Burst: 1, MaxWait: 10 * interval}}
 	r := newReplica(t, srv, limits, limiter.RedisOptions{}, clock)
 	l := r.set.Limiter("hash_lookup")
 	ctx := context.Background()
+	start := time.Now()
 	if d := l.Acquire(limiter.WithMaxWait(ctx, 0), ""); d.Outcome != limiter.Allowed {
 		t.Fatalf("first request, bound 0, token free: %+v, want allowed", d)
 	}
 	for range 3 {
-		d := l.Acquire(limiter.WithMaxWait(ctx, 500*time.Millisecond), "")
-		if d.Outcome != limiter.Rejected || d.RetryAfter < 900*time.Millisecond || d.RetryAfter > time.Second {
-			t.Errorf("request, bound 500ms, token in 1s: %+v, want rejected with RetryAfter about 1s", d)
+		d := l.Acquire(limiter.WithMaxWait(ctx, interval/2), "")
+		// Redis's clock moved on since the first token, by less than since start.
+		least := max(interval-time.Since(start)-time.Millisecond, interval/2)
+		if d.Outcome != limiter.Rejected || d.RetryAfter < least || d.RetryAfter > interval {
+			t.Errorf("request, bound %v, token in %v: %+v, want rejected with RetryAfter between %v and %v", interval/2, interval, d, least, interval)
 		}
 	}
 	got := make(chan limiter.Decision, 1)
-	go func() { got <- l.Acquire(limiter.WithMaxWait(ctx, 2*time.Second), "") }()
+	go func() { got <- l.Acquire(limiter.WithMaxWait(ctx, 2*interval), "") }()
 	untilWaiting(t, clock)
-	clock.Advance(time.Second)
-	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > time.Second {
-		t.Errorf("request, bound 2s, after three refused: %+v, want delayed at most 1s (the refused took nothing)", d)
+	clock.Advance(interval)
+	if d := <-got; d.Outcome != limiter.Delayed || d.Waited > interval {
+		t.Errorf("request, bound %v, after three refused: %+v, want delayed at most %v (the refused took nothing)", 2*interval, d, interval)
 	}
 }
 

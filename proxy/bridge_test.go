@@ -86,14 +86,14 @@ func TestBridgePollsShareOneCoreRequest(t *testing.T) {
 
 	const n = 8
 	wait := pollsAtOnce(t, c, front+"/file/abc", n)
-	time.Sleep(100 * time.Millisecond) // the eight wait on the first's request
+	waitJoined(t, n) // the eight wait on the first's request
 	cancel()
 	<-first
 	// The first left: one of the eight asks again, and the others share that request.
 	for requests.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitJoined(t, n-1)
 	close(release)
 	codes, bodies := wait()
 	if got := requests.Load(); got != 2 {
@@ -398,7 +398,7 @@ func TestBridgeSharedPollPerClient(t *testing.T) {
 				}
 			}
 			plain := poll(nil)
-			time.Sleep(50 * time.Millisecond) // the plain poll joins the first one's question
+			waitJoined(t, 1) // the plain poll joins the first one's question
 			close(up.release)
 			for name, ch := range map[string]chan answer{"first": a, "plain": plain} {
 				got := <-ch
@@ -581,18 +581,20 @@ func TestBridgedPollCoreBrokeOff(t *testing.T) {
 // TestBridgeSharedPollWaitsMaxWaitInAll: a poll that shared another's question to Core
 // and asks again when that poll gives up waiting for its token has only what is left
 // of its own MaxWait: before, it joined the queue with a whole new MaxWait and waited
-// up to twice it in all. Here the route takes 10 polls a second, burst 1, MaxWait 2 s;
-// the queue is kept full; poll A waits for a token and leaves after 1 s; poll B, which
-// shared A's question, then finds its token 1.9 s away with 1 s of its wait left, and
-// is refused at once (its wait would have ended 2.9 s after it came).
+// up to twice it in all. Here the route takes 10 polls a second, burst 1, MaxWait 2 s,
+// on a fake clock that stands still: poll A waits for the first turn (0.1 s), poll B
+// shares A's question, 18 more take the turns to 1.9 s; once B has waited 1 s of the
+// real time the proxy counts MaxWait in, A leaves, and B, its token 1.9 s away with
+// at most 1 s of its wait left, is refused at once (with a new MaxWait it would wait).
 func TestBridgeSharedPollWaitsMaxWaitInAll(t *testing.T) {
 	const maxWait = 2 * time.Second
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `{"data_id":"x","process_info":{"progress_percentage":40}}`)
 	})
+	clock := newFakeClock()
 	front, _ := newTestProxy(t, upstream, func(o *Options) {
 		o.Bridge = newTestBridge(t)
-		o.Limits = limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 10, Burst: 1, MaxWait: maxWait}}, nil)
+		o.Limits = limitSet(t, map[string]limiter.Limit{"file_result": {Rate: 10, Burst: 1, MaxWait: maxWait}}, clock)
 	})
 	c := keepAliveClient(t, 64)
 	poll := func(ctx context.Context, id, apikey string) (int, error) {
@@ -608,35 +610,38 @@ func TestBridgeSharedPollWaitsMaxWaitInAll(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
-	queue := func(n int, from int) { // n polls of ids and clients of their own, each in the queue
-		for i := range n {
-			wg.Go(func() { _, _ = poll(context.Background(), fmt.Sprintf("q%d", from+i), fmt.Sprintf("k%d", from+i)) })
-		}
-	}
 	if code, err := poll(context.Background(), "first", "k"); code != http.StatusOK || err != nil {
 		t.Fatalf("first poll = %d, %v; want 200 (the burst's token)", code, err)
 	}
-	queue(10, 0) // turns at 0.1 s to 1 s
-	time.Sleep(50 * time.Millisecond)
-	actx, cancel := context.WithTimeout(context.Background(), time.Second)
+	actx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wg.Go(func() { _, _ = poll(actx, "same", "owner") }) // A: turn at 1.1 s, leaves at 1 s
-	time.Sleep(50 * time.Millisecond)
+	wg.Go(func() { _, _ = poll(actx, "same", "owner") }) // A: turn at 0.1 s
+	blockUntilWaiting(t, clock, 1)
 	type answer struct {
 		code int
-		took time.Duration
 		err  error
 	}
 	b := make(chan answer, 1)
 	go func() {
-		start := time.Now()
 		code, err := poll(context.Background(), "same", "owner") // B: shares A's question
-		b <- answer{code, time.Since(start), err}
+		b <- answer{code, err}
 	}()
-	time.Sleep(800 * time.Millisecond)
-	queue(18, 10) // turns at 1.2 s to 2.9 s: the queue full until A leaves
-	got := <-b
-	if got.err != nil || (got.code != http.StatusOK && got.code != http.StatusServiceUnavailable) || got.took > maxWait+maxWait/4 {
-		t.Errorf("poll B = %d after %v, %v; want its token or the limit answer within MaxWait (%v) of its arrival", got.code, got.took, got.err, maxWait)
+	waitJoined(t, 1)
+	for i := range 18 { // polls of ids and clients of their own: turns at 0.2 s to 1.9 s
+		wg.Go(func() { _, _ = poll(context.Background(), fmt.Sprintf("q%d", i), fmt.Sprintf("k%d", i)) })
 	}
+	blockUntilWaiting(t, clock, 19)
+	// B's wait is counted in real time from its arrival: at least 1 s once this returns,
+	// more on a loaded machine, which only leaves B less of its MaxWait.
+	time.Sleep(time.Second)
+	cancel() // A leaves: its turn goes to the next in line, and B asks again
+	select {
+	case got := <-b:
+		if got.err != nil || got.code != http.StatusServiceUnavailable {
+			t.Errorf("poll B = %d, %v; want the limit answer at once: its token 1.9 s away, at most 1 s of its MaxWait (%v) left", got.code, got.err, maxWait)
+		}
+	case <-time.After(longWait):
+		t.Errorf("poll B unanswered %v after A left; want the limit answer at once: its token 1.9 s away, at most 1 s of its MaxWait (%v) left", longWait, maxWait)
+	}
+	clock.Advance(maxWait) // the others' turns
 }

@@ -675,20 +675,20 @@ func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[
 	return sum
 }
 
-// waitMetric waits until metricValue(t, reg, name, labels) equals want, for at most 5
-// seconds, then fails t with the last value. A forwarded request is counted when its
+// waitMetric waits until metricValue(t, reg, name, labels) equals want, for at most
+// longWait, then fails t with the last value. A forwarded request is counted when its
 // handler returns, which may be just after the client has read the whole answer (the
 // reverse proxy flushes as it copies); tests that count forwarded requests wait here.
 func waitMetric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(longWait)
 	for {
 		got := metricValue(t, reg, name, labels)
 		if got == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("%s%s = %v after 5 s, want %v", name, formatLabels(labels), got, want)
+			t.Errorf("%s%s = %v after %v, want %v", name, formatLabels(labels), got, longWait, want)
 			return
 		}
 		time.Sleep(time.Millisecond)
@@ -741,6 +741,45 @@ func formatLabels(labels map[string]string) string {
 	}
 	sort.Strings(pairs)
 	return "{" + strings.Join(pairs, ",") + "}"
+}
+
+// waitJoined waits until at least n polls share a question another poll put to Core:
+// goroutines parked in singleflight's Do on the WaitGroup of a call in progress (a
+// call that ended has readied its waiters, which are then runnable, no longer parked).
+// It fails t after longWait.
+func waitJoined(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(longWait)
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		joined := 0
+		for _, g := range strings.Split(string(buf[:k]), "\n\n") {
+			// A goroutine's header, then each frame's function and file lines.
+			lines := strings.Split(g, "\n")
+			if !strings.Contains(lines[0], "[sync.WaitGroup.Wait") {
+				continue
+			}
+			for i := 1; i+2 < len(lines); i += 2 {
+				if strings.HasPrefix(lines[i], "sync.(*WaitGroup).Wait(") &&
+					strings.HasPrefix(lines[i+2], "golang.org/x/sync/singleflight.(*Group).Do(") {
+					joined++
+					break
+				}
+			}
+		}
+		if joined >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d polls share another's question to Core after %v, want %d", joined, longWait, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // pollsAtOnce starts n GETs of url through c at once; wait returns each one's status

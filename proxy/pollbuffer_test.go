@@ -140,7 +140,7 @@ func TestPollBufferStreamedShared(t *testing.T) {
 	for core.polls("abc") == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond) // the other two wait on the first's question
+	waitJoined(t, n-1) // the other two wait on the first's question
 	close(core.release)
 	codes, got := wait()
 	for i := range n {

@@ -81,15 +81,19 @@ func newClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr, Timeout: safety}
 }
 
+// redisTimeout is MDPROXY_REDIS_TIMEOUT for the replicas of these tests that share a
+// running Redis: a call past the default 50 ms on a loaded machine is decided by the
+// replica's local bucket, whose share adds to the shared limit (18 polls against a
+// bound of 16 under stress-ng), or misses the result store; a stopped Redis refuses a
+// call at once all the same.
+const redisTimeout = 10 * time.Second
+
 // sharedEnv is the environment of a replica sharing srv, with the results route limited
-// to 5/s, burst 5, and the bridge off (every poll asks for a token). Each Redis call has
-// 10 s: a call past the default 50 ms on a loaded machine is decided by the replica's
-// local bucket, whose share adds to the shared limit (18 polls against a bound of 16
-// under stress-ng); a stopped Redis refuses a call at once all the same.
+// to 5/s, burst 5, and the bridge off (every poll asks for a token).
 func sharedEnv(srv *redistest.Server, extra map[string]string) map[string]string {
 	env := map[string]string{
 		"MDPROXY_REDIS_URL":            srv.URL(),
-		"MDPROXY_REDIS_TIMEOUT":        "10s",
+		"MDPROXY_REDIS_TIMEOUT":        redisTimeout.String(),
 		"MDPROXY_REPLICAS":             "2",
 		"MDPROXY_FILE_RESULT_RATE":     "5",
 		"MDPROXY_FILE_RESULT_BURST":    "5",
@@ -106,8 +110,9 @@ func sharedEnv(srv *redistest.Server, extra map[string]string) map[string]string
 // MDPROXY_FILE_RESULT_RATE=5 and _BURST=5 on one Redis, flooded together for t
 // seconds, let at most 5 + 5·t polls through in all (one more for the instant the
 // flood ends); with Redis stopped, every poll is still answered, 200 or 503 with
-// Retry-After and never another error, within 60 ms, each replica at its share
-// (rate/2); when Redis is back they share again.
+// Retry-After and never another error, each replica at its share (rate/2) and deciding
+// alone: it calls Redis to find it down (3 calls) and once a second after, never for
+// each poll; when Redis is back they share again.
 func TestReplicasShareLimit(t *testing.T) {
 	srv := redistest.Start(t)
 	var reached atomic.Int64
@@ -156,8 +161,10 @@ func TestReplicasShareLimit(t *testing.T) {
 	check("shared", answers, 5+5*elapsed+1)
 
 	// Redis stopped: each replica alone at 5/2 per second, burst 5/2 = 2; polls still
-	// answered, each within 60 ms. Sequential polls, one client a replica, so that the
-	// time is the proxy's, not a queue's.
+	// answered. Sequential polls, one client a replica, so that the time is the
+	// proxy's, not a queue's.
+	redisCalls := func(p *proc) float64 { return counted(t, p, "mdproxy_redis_request_duration_seconds_count") }
+	callsBefore := []float64{redisCalls(reps[0]), redisCalls(reps[1])}
 	srv.Stop()
 	before := reached.Load()
 	var fallback []pollAnswer
@@ -193,11 +200,22 @@ func TestReplicasShareLimit(t *testing.T) {
 	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
 	if len(took) > 0 {
 		t.Logf("Redis down: answer times p50 %v, p99 %v, max %v", took[len(took)/2], took[len(took)*99/100], took[len(took)-1])
-		if max := took[len(took)-1]; max > 60*time.Millisecond {
-			t.Errorf("Redis down: slowest answer %v, want every one within 60 ms", max)
+		// A poll that waited out MDPROXY_REDIS_TIMEOUT (10 s), or hung, not a slow
+		// machine (65 ms was seen under CPU load, against a bound of 60 ms); that polls
+		// do not wait on Redis, the calls counted below say.
+		if max := took[len(took)-1]; max > redisTimeout {
+			t.Errorf("Redis down: slowest answer %v, want every one within %v", max, redisTimeout)
 		}
 	}
 	for i, p := range reps {
+		// FailuresToFallback (3) calls find Redis down, then one call a RetryEvery (1 s)
+		// tries it again: every other decision is taken by the local bucket, without
+		// asking Redis.
+		got, most := redisCalls(p)-callsBefore[i], 3+1+elapsed
+		t.Logf("replica %d: %v calls to Redis while it was down (at most %.1f)", i, got, most)
+		if got > most {
+			t.Errorf("replica %d called Redis %v times in the %.1f s it was down, want at most %.1f: in fallback a decision does not wait on Redis", i, got, elapsed, most)
+		}
 		if got := p.metric(t, series("mdproxy_limiter_mode", "mode", "fallback")); got != 1 {
 			t.Errorf("replica %d: mdproxy_limiter_mode{mode=fallback} = %v with Redis down, want 1", i, got)
 		}
@@ -298,6 +316,7 @@ func TestReplicasShareResults(t *testing.T) {
 	core := startCore(t, fastCore())
 	env := map[string]string{
 		"MDPROXY_REDIS_URL":         srv.URL(),
+		"MDPROXY_REDIS_TIMEOUT":     redisTimeout.String(),
 		"MDPROXY_REPLICAS":          "2",
 		"MDPROXY_FILE_RESULT_RATE":  "0.1",
 		"MDPROXY_FILE_RESULT_BURST": "1",
