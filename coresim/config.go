@@ -168,12 +168,15 @@ func (c *Config) validate(environ map[string]string) error {
 	case c.Retention <= 0:
 		return bad("RETENTION", "want a duration above 0")
 	}
+	// A new slice: the caller's (a Config shared by concurrent runs) is left as it is.
+	engines := make([]string, len(c.Engines))
 	for i, e := range c.Engines {
-		c.Engines[i] = strings.TrimSpace(e)
-		if c.Engines[i] == "" {
+		engines[i] = strings.TrimSpace(e)
+		if engines[i] == "" {
 			return bad("ENGINES", "want a comma-separated list of non-empty engine names")
 		}
 	}
+	c.Engines = engines
 	return nil
 }
 
