@@ -177,7 +177,8 @@ func TestSoakShort(t *testing.T) {
 	mix.UploadsPerS, mix.PollsPerS, mix.CanceledPollsPerS, mix.UnknownPollsPerS, mix.AbortedUploadsPerS = 4, 30, 4, 4, 2
 	var progress bytes.Buffer
 	res, err := Soak(context.Background(), SoakConfig{
-		Duration: 3 * time.Second, Interval: 250 * time.Millisecond, IdleWait: 10 * time.Second,
+		// No warm-up: every load sample counts towards the 3 the verdict needs.
+		Duration: 3 * time.Second, Interval: 250 * time.Millisecond, Warmup: time.Nanosecond, IdleWait: 10 * time.Second,
 		MdproxyBin: bin, Sim: coresim.DefaultConfig(), Mix: mix, Files: files, Progress: &progress,
 		// A setting of the caller's, and a log level that the soak raises to info.
 		ProxyEnv: []string{"MDPROXY_FILE_RESULT_BURST=5", "MDPROXY_LOG_LEVEL=warn"},
@@ -193,8 +194,10 @@ func TestSoakShort(t *testing.T) {
 	for _, s := range res.Samples {
 		phases[s.Phase]++
 	}
-	if res.Samples[0].Phase != "baseline" || res.Samples[len(res.Samples)-1].Phase != "idle" || phases["load"] < 10 {
-		t.Errorf("samples by phase %v, first %q, last %q; want a baseline, at least 10 load samples, an idle one last",
+	if res.Samples[0].Phase != "baseline" || res.Samples[len(res.Samples)-1].Phase != "idle" || phases["load"] < 3 {
+		// Samples are taken every 250 ms, but a scrape that comes late (a loaded
+		// machine) skips ticks: 3 is what the verdict needs.
+		t.Errorf("samples by phase %v, first %q, last %q; want a baseline, at least 3 load samples, an idle one last",
 			phases, res.Samples[0].Phase, res.Samples[len(res.Samples)-1].Phase)
 	}
 	last := res.Samples[len(res.Samples)-1]

@@ -67,9 +67,10 @@ func TestPollBufferBudget(t *testing.T) {
 	const size = 24 << 20
 	core := &bigResultCore{size: size, asked: map[string]int{}}
 	b, _ := newTestBridgeStoreOf(t, 1<<30) // keeps results of up to 64 MiB
+	budget := bridge.NewBudget(32 << 20)
 	front, reg := newTestProxy(t, core, func(o *Options) {
 		o.Bridge = b
-		o.PollBufferBytes = 32 << 20
+		o.PollBuffers = budget
 	})
 	u, _ := url.Parse(front)
 
@@ -104,20 +105,23 @@ func TestPollBufferBudget(t *testing.T) {
 	// The slow client leaves: its answer's bytes go back to the budget, and the next
 	// answer is buffered and stored.
 	held.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		before := core.polls("big")
-		resp, got := do(t, c, http.MethodGet, front+"/file/big", nil)
-		if resp.StatusCode != http.StatusOK || got != string(want) {
-			t.Fatalf("poll after the slow client left = %d, %d bytes; want 200 with Core's %d bytes", resp.StatusCode, len(got), len(want))
-		}
-		if core.polls("big") == before {
-			break // answered from the store
-		}
+	for deadline := time.Now().Add(longWait); budget.Held() != 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("Core still asked for every poll 20 s after the slow client left (%d polls): the budget was not given back", core.polls("big"))
+			t.Fatalf("%d bytes of the budget still held %v after the slow client left: they were not given back", budget.Held(), longWait)
 		}
-		time.Sleep(50 * time.Millisecond)
+	}
+	before := core.polls("big")
+	resp, got := do(t, c, http.MethodGet, front+"/file/big", nil)
+	if resp.StatusCode != http.StatusOK || got != string(want) {
+		t.Fatalf("poll after the slow client left = %d, %d bytes; want 200 with Core's %d bytes", resp.StatusCode, len(got), len(want))
+	}
+	if core.polls("big") != before+1 {
+		t.Fatalf("Core asked %d times for the poll after the budget was free, want once", core.polls("big")-before)
+	}
+	resp, got = do(t, c, http.MethodGet, front+"/file/big", nil)
+	if resp.StatusCode != http.StatusOK || got != string(want) || core.polls("big") != before+1 {
+		t.Fatalf("next poll = %d, %d bytes, Core asked %d times more; want 200 with Core's %d bytes from the store",
+			resp.StatusCode, len(got), core.polls("big")-before, len(want))
 	}
 	checkMetric(t, reg, "mdproxy_bridge_polls_total", map[string]string{"source": "store"}, 1)
 }
