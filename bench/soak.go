@@ -34,6 +34,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/child"
 )
 
 // The soak: mdproxy runs as its own process in front of an emulated Core while a steady
@@ -319,16 +320,18 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 		}
 		defer os.RemoveAll(dir)
 		cfg.progress("building mdproxy")
-		if bin, err = BuildMdproxy(ctx, dir); err != nil {
+		if bin, err = child.Build(ctx, dir, "github.com/mdproxy/mdproxy/cmd/mdproxy"); err != nil {
 			return nil, fmt.Errorf("soak: %w", err)
 		}
 	}
 
-	core, err := startSoakCore(cfg.Sim)
+	simCfg := cfg.Sim
+	simCfg.ListenAddr, simCfg.AdminAddr = "127.0.0.1:0", ""
+	core, err := coresim.Start(simCfg, coresim.StartOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("soak: emulator: %w", err)
 	}
-	defer core.stop()
+	defer core.Close()
 
 	settings := append(slices.Clone(DefaultSoakProxyEnv), cfg.ProxyEnv...)
 	for _, kv := range effectiveSettings(settings) {
@@ -337,17 +340,18 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 		}
 	}
 	res.ProxyEnv = effectiveSettings(settings)
-	proc, err := startMdproxy(ctx, bin, core.url, settings)
+	log := &procLog{byMsg: map[string]int{}}
+	proc, err := startMdproxy(ctx, bin, core.URL, settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
-	defer proc.stop()
+	defer stopMdproxy(proc)
 	cfg.progress(fmt.Sprintf("mdproxy (pid %d) on %s, metrics on %s, in front of the emulator on %s",
-		proc.cmd.Process.Pid, proc.listen, proc.admin, core.url))
+		proc.Cmd.Process.Pid, proc.Field("listen"), proc.Field("admin"), core.URL))
 
-	runErr := soakPhases(ctx, cfg, res, proc, core)
-	res.ProxyExit = proc.stop()
-	res.ProxyLog = proc.log.counts()
+	runErr := soakPhases(ctx, cfg, res, proc, log, core)
+	res.ProxyExit = stopMdproxy(proc)
+	res.ProxyLog = log.counts()
 	res.Verdict = JudgeSoak(res.Samples, cfg.Warmup)
 	if runErr != nil {
 		return res, fmt.Errorf("soak: %w", runErr)
@@ -357,14 +361,14 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 
 // soakPhases takes the baseline, drives the load while sampling, then waits for the
 // idle sample, appending samples to res as it goes.
-func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdproxyProc, core *soakCore) error {
+func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *child.Proc, log *procLog, core *coresim.Server) error {
 	scraper := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	metricsURL := "http://" + proc.admin + "/metrics"
+	metricsURL := "http://" + proc.Field("admin") + "/metrics"
 	sample := func(t time.Duration, phase string) (SoakSample, error) {
 		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
 		if err != nil {
-			if proc.exited() {
-				return s, fmt.Errorf("mdproxy exited (%s): %s", proc.stop(), proc.log.tail())
+			if proc.Exited() {
+				return s, fmt.Errorf("mdproxy exited (%s): %s", stopMdproxy(proc), log.tail())
 			}
 			return s, err
 		}
@@ -379,7 +383,7 @@ func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdpr
 		return err
 	}
 
-	load := newSoakLoad(cfg, "http://"+proc.listen, proc.listen)
+	load := newSoakLoad(cfg, "http://"+proc.Field("listen"), proc.Field("listen"))
 	start := time.Now()
 	load.start(ctx)
 	tick := time.NewTicker(cfg.Interval)
@@ -408,7 +412,7 @@ func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdpr
 
 	// Idle: the clients' and Core's kept-alive connections are closed, so that what
 	// remains in mdproxy is what it holds on its own.
-	core.closeIdle()
+	core.CloseIdle()
 	deadline := time.Now().Add(cfg.IdleWait)
 	for {
 		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
@@ -502,89 +506,12 @@ func sumValues(m map[string]float64) float64 {
 	return sum
 }
 
-// BuildMdproxy builds mdproxy's binary into dir with the go command found on PATH and
-// returns its path. The working directory must be inside mdproxy's module. When ctx
-// ends, the build is interrupted (and killed 10 s later).
-func BuildMdproxy(ctx context.Context, dir string) (string, error) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("building mdproxy: no go command on PATH (or give a built binary): %w", err)
-	}
-	out := filepath.Join(dir, "mdproxy")
-	if runtime.GOOS == "windows" {
-		out += ".exe"
-	}
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", out, "github.com/mdproxy/mdproxy/cmd/mdproxy")
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building mdproxy: %w: %s", err, bytes.TrimSpace(b))
-	}
-	return out, nil
-}
-
-// soakCore is the emulated Core of a soak, served in this process.
-type soakCore struct {
-	url  string
-	srv  *http.Server
-	stop func() // idempotent
-}
-
-// closeIdle closes Core's idle kept-alive connections (those mdproxy's transport
-// pools) and keeps later ones from being kept.
-func (c *soakCore) closeIdle() { c.srv.SetKeepAlivesEnabled(false) }
-
-func startSoakCore(cfg coresim.Config) (*soakCore, error) {
-	sim, err := coresim.New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		sim.Run(ctx, true)
-	}()
-	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		defer wg.Done()
-		_ = srv.Serve(l)
-	}()
-	var once sync.Once
-	return &soakCore{url: "http://" + l.Addr().String(), srv: srv, stop: func() {
-		once.Do(func() {
-			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer scancel()
-			_ = srv.Shutdown(sctx)
-			srv.Close()
-			cancel()
-			wg.Wait()
-		})
-	}}, nil
-}
-
-// mdproxyProc is mdproxy running as a child process.
-type mdproxyProc struct {
-	cmd           *exec.Cmd
-	listen, admin string // host:port of the proxy and of its admin listener
-	log           *procLog
-	done          chan struct{} // closed once the process has exited and been waited for
-	waitErr       error         // cmd.Wait's error, set before done is closed
-
-	stopOnce sync.Once
-	stopped  string // how it ended, set by stop
-}
-
 // startMdproxy starts bin with the environment of this process without its MDPROXY_*
 // variables, then settings, then listen and admin addresses on free loopback ports and
-// upstream. It returns once mdproxy has logged "mdproxy serving" with its addresses;
-// on any failure the process has been stopped and waited for.
-func startMdproxy(ctx context.Context, bin, upstream string, settings []string) (*mdproxyProc, error) {
+// upstream, its output going to log. It returns once mdproxy has logged "mdproxy
+// serving" with its addresses; on any failure the process has been stopped and waited
+// for.
+func startMdproxy(ctx context.Context, bin, upstream string, settings []string, log *procLog) (*child.Proc, error) {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MDPROXY_") {
@@ -594,79 +521,26 @@ func startMdproxy(ctx context.Context, bin, upstream string, settings []string) 
 	env = append(env, settings...)
 	env = append(env, "MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL="+upstream)
-	cmd := exec.Command(bin)
-	cmd.Env = env
-	lg := &procLog{serving: make(chan [2]string, 1), byMsg: map[string]int{}}
-	cmd.Stdout, cmd.Stderr = lg, lg
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting mdproxy: %w", err)
-	}
-	p := &mdproxyProc{cmd: cmd, log: lg, done: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
-	timer := time.NewTimer(30 * time.Second)
-	defer timer.Stop()
-	select {
-	case a := <-lg.serving:
-		p.listen, p.admin = a[0], a[1]
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("mdproxy exited at start (%s): %s", p.stop(), lg.tail())
-	case <-timer.C:
-		return nil, fmt.Errorf("mdproxy did not log \"mdproxy serving\" within 30 s (%s): %s", p.stop(), lg.tail())
-	case <-ctx.Done():
-		p.stop()
-		return nil, ctx.Err()
-	}
+	return child.Start(ctx, bin, child.Options{Env: env, Ready: "mdproxy serving", Log: log})
 }
 
-// exited reports whether the process has ended.
-func (p *mdproxyProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop ends the process, if it still runs, with SIGTERM, and with SIGKILL after 15 s,
+// stopMdproxy ends p, if it still runs, with SIGTERM, and with SIGKILL after 15 s,
 // waits for it and returns how it ended ("exit status 0" for a clean shutdown). Safe
-// to call more than once, not concurrently with startMdproxy.
-func (p *mdproxyProc) stop() string {
-	p.stopOnce.Do(func() {
-		if !p.exited() {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			t := time.NewTimer(15 * time.Second)
-			select {
-			case <-p.done:
-			case <-t.C:
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-			t.Stop()
-		}
-		p.stopped = "exit status 0"
-		if p.waitErr != nil {
-			p.stopped = p.waitErr.Error()
-		}
-	})
-	return p.stopped
+// to call more than once.
+func stopMdproxy(p *child.Proc) string {
+	if err := p.Stop(15 * time.Second); err != nil {
+		return err.Error()
+	}
+	return "exit status 0"
 }
 
-// procLog takes mdproxy's output: JSON log lines. It hands over the addresses of the
-// "mdproxy serving" line, counts WARN and ERROR lines by message and keeps the last
-// lines for error messages. Safe for concurrent use.
+// procLog takes mdproxy's output: JSON log lines. It counts WARN and ERROR lines by
+// message and keeps the last lines for error messages. Safe for concurrent use.
 type procLog struct {
 	mu      sync.Mutex
 	partial []byte
 	last    []string       // the last 10 lines
 	byMsg   map[string]int // "LEVEL msg", at most 50 keys
-	serving chan [2]string // listen and admin, sent once; capacity 1
-	served  bool
 }
 
 func (l *procLog) Write(p []byte) (int, error) {
@@ -695,17 +569,11 @@ func (l *procLog) line(s string) {
 	}
 	l.last = append(l.last, s)
 	var e struct {
-		Level  string `json:"level"`
-		Msg    string `json:"msg"`
-		Listen string `json:"listen"`
-		Admin  string `json:"admin"`
+		Level string `json:"level"`
+		Msg   string `json:"msg"`
 	}
 	if json.Unmarshal([]byte(s), &e) != nil {
 		return
-	}
-	if e.Msg == "mdproxy serving" && !l.served {
-		l.served = true
-		l.serving <- [2]string{e.Listen, e.Admin}
 	}
 	if e.Level == "WARN" || e.Level == "ERROR" {
 		k := e.Level + " " + e.Msg

@@ -28,7 +28,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // The test helpers of package coresim, all of them: the emulators under test and the
@@ -685,46 +686,20 @@ type webhookStatus struct {
 
 // Metric reads.
 
-// metric returns the value of the counter or gauge name with the given label pairs as
-// the registry exports it, as a scrape sees it; it fails the test when no series has
-// them. Where a test holds the collector, a counter of Sim.m, it reads it with
-// testutil.ToFloat64 instead. metric is hand-written for what testutil cannot express:
-// the emulator's gauges and coresim_core_seconds_total are GaugeFunc and CounterFunc
-// collectors that newSimMetrics registers without keeping (ToFloat64 needs the
-// collector), a read through WithLabelValues would create the very series whose export
-// TestMetrics checks, and testutil.GatherAndCompare compares exact text where
-// core-seconds are compared but for rounding (modelNear).
+// metric returns the value of the one series of name with the given label pairs as
+// the registry exports it, as a scrape sees it; it fails the test unless exactly one
+// series has them. Where a test holds the collector, a counter of Sim.m, it reads it
+// with testutil.ToFloat64 instead; the emulator's gauges and
+// coresim_core_seconds_total are GaugeFunc and CounterFunc collectors that
+// newSimMetrics registers without keeping, and a read through WithLabelValues would
+// create the very series whose export TestMetrics checks.
 func (r *rig) metric(name string, labels ...string) float64 {
 	r.t.Helper()
-	families, err := r.reg.Gather()
-	if err != nil {
-		r.t.Fatalf("Gather() = %v", err)
+	v, n := sidecartest.Gather(r.t, r.reg).Sum(name, labels...)
+	if n != 1 {
+		r.t.Fatalf("metric %s%v: %d series, want 1", name, labels, n)
 	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if got[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			switch f.GetType() {
-			case dto.MetricType_COUNTER:
-				return m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	r.t.Fatalf("metric %s%v not exported", name, labels)
-	return 0
+	return v
 }
 
 // Bodies.
