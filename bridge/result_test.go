@@ -2,17 +2,13 @@ package bridge
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/testkit/coretest"

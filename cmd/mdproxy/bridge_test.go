@@ -4,18 +4,13 @@ package main
 // which really delivers its callbacks to the binary's callback listener.
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/testkit/coretest"

@@ -22,8 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -18,6 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/mdproxy/mdproxy/internal/child"
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
