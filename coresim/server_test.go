@@ -10,7 +10,14 @@ import (
 // TestStartCounts: Start serves Core's API on a free port and counts every request
 // and, apart, the result polls (GET /file/{data_id}: not /file/rules, not a POST).
 func TestStartCounts(t *testing.T) {
-	srv := startManual(t, DefaultConfig(), nil)
+	cfg := DefaultConfig()
+	cfg.Speedup = 200 // the request latency and a poll's core time pass in a few ms
+	cfg.ListenAddr, cfg.AdminAddr = "127.0.0.1:0", ""
+	srv, err := Start(cfg, StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
 	c := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(c.CloseIdleConnections)
 	for _, r := range []struct{ method, path string }{
