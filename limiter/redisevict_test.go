@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/mdproxy/mdproxy/internal/redistest"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"

@@ -60,20 +60,20 @@ func TestBinary(t *testing.T) {
 				t.Errorf("mdproxy %q exit code = %d, want %d; stderr:\n%s", tc.args, res.Code, tc.code, stderr)
 			}
 			for _, want := range tc.stdout {
-				if !strings.Contains(stdout.String(), want) {
-					t.Errorf("mdproxy %q stdout = %q, want it to contain %q", tc.args, stdout.String(), want)
+				if !strings.Contains(stdout, want) {
+					t.Errorf("mdproxy %q stdout = %q, want it to contain %q", tc.args, stdout, want)
 				}
 			}
-			if len(tc.stdout) == 0 && stdout.Len() != 0 {
-				t.Errorf("mdproxy %q stdout = %q, want nothing", tc.args, stdout.String())
+			if len(tc.stdout) == 0 && len(stdout) != 0 {
+				t.Errorf("mdproxy %q stdout = %q, want nothing", tc.args, stdout)
 			}
 			for _, want := range tc.stderr {
-				if !strings.Contains(stderr.String(), want) {
-					t.Errorf("mdproxy %q stderr = %q, want it to contain %q", tc.args, stderr.String(), want)
+				if !strings.Contains(stderr, want) {
+					t.Errorf("mdproxy %q stderr = %q, want it to contain %q", tc.args, stderr, want)
 				}
 			}
-			if len(tc.stderr) == 0 && stderr.Len() != 0 {
-				t.Errorf("mdproxy %q stderr = %q, want nothing", tc.args, stderr.String())
+			if len(tc.stderr) == 0 && len(stderr) != 0 {
+				t.Errorf("mdproxy %q stderr = %q, want nothing", tc.args, stderr)
 			}
 		})
 	}
@@ -110,8 +110,8 @@ func TestBinary(t *testing.T) {
 			if line.Level != "ERROR" || line.Msg == "" || !sidecartest.NamesVar(line.Err, tc.name) {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want level ERROR, a msg and an err naming %s", tc.name, tc.value, msg, tc.name)
 			}
-			if stdout.Len() != 0 {
-				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout.String())
+			if len(stdout) != 0 {
+				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout)
 			}
 		})
 	}
@@ -147,8 +147,8 @@ func TestBinary(t *testing.T) {
 		if n := strings.Count(line.Err, "\n") + 1; n != 3 {
 			t.Errorf("mdproxy with three bad variables err = %q, want 3 lines, one a variable", line.Err)
 		}
-		if stdout.Len() != 0 {
-			t.Errorf("mdproxy with three bad variables stdout = %q, want nothing", stdout.String())
+		if len(stdout) != 0 {
+			t.Errorf("mdproxy with three bad variables stdout = %q, want nothing", stdout)
 		}
 	})
 
