@@ -505,7 +505,7 @@ func startMdproxy(ctx context.Context, bin, upstream string, settings []string, 
 	env = append(env, settings...)
 	env = append(env, "MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL="+upstream)
-	return child.Start(ctx, bin, child.Options{Env: env, Ready: "mdproxy serving", Log: log})
+	return child.Start(ctx, bin, child.Options{Env: env, Ready: "mdproxy serving", Log: log, Name: "mdproxy"})
 }
 
 // stopMdproxy ends p, if it still runs, with SIGTERM, and with SIGKILL after 15 s,

@@ -8,6 +8,7 @@ package child
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -79,6 +80,8 @@ type Options struct {
 	Stdout io.Writer
 	// Timeout bounds the wait for Ready. Zero: 30 s.
 	Timeout time.Duration
+	// Name is what errors call the child; empty: the binary's file name.
+	Name string
 }
 
 // Proc is a child process started by Start. Its methods are safe for concurrent use.
@@ -99,6 +102,7 @@ type Proc struct {
 // first) the child has been stopped and waited for, and the error carries the last
 // lines it wrote. Ending ctx later does not stop the child: Stop does.
 func Start(ctx context.Context, bin string, opts Options) (*Proc, error) {
+	name := cmp.Or(opts.Name, filepath.Base(bin))
 	cmd := exec.Command(bin, opts.Args...)
 	cmd.Env = opts.Env
 	if cmd.Env == nil {
@@ -111,7 +115,7 @@ func Start(ctx context.Context, bin string, opts Options) (*Proc, error) {
 	}
 	cmd.WaitDelay = 5 * time.Second // a grandchild holding the pipes open
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	p := &Proc{Cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -128,12 +132,11 @@ func Start(ctx context.Context, bin string, opts Options) (*Proc, error) {
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	name := filepath.Base(bin)
 	select {
 	case p.Ready = <-lw.readyc:
 		return p, nil
 	case <-p.done:
-		return nil, fmt.Errorf("%s exited before logging %q (%v); its last lines:\n%s", name, opts.Ready, p.waitErr, lw.tail())
+		return nil, fmt.Errorf("%s exited at start (%v), before logging %q; its last lines:\n%s", name, p.waitErr, opts.Ready, lw.tail())
 	case <-timer.C:
 		err := p.Stop(5 * time.Second)
 		return nil, fmt.Errorf("%s did not log %q within %v (stopped: %v); its last lines:\n%s", name, opts.Ready, timeout, err, lw.tail())
