@@ -19,12 +19,14 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/jonboulle/clockwork"
 )
@@ -64,21 +66,23 @@ const (
 	MaxClientWindow = 720 * time.Hour
 )
 
-// Limit is the budget of one route.
+// Limit is the budget of one route, in plain values: limiter reads no settings (mdproxy
+// reads a route's Limit from its MDPROXY_<ROUTE>_* variables in package sidecar), and
+// checks only its own invariants (Validate).
 //
 // The zero Limit allows everything: no global bucket, no per-client share.
 type Limit struct {
 	// Rate is the refill rate of the route's global token bucket, in requests per
 	// second, from MinRate to MaxRate; fractions are allowed (0.5 = one request every
 	// 2 seconds). 0 means no global limit.
-	Rate float64 `env:"RATE"`
+	Rate float64
 	// Burst is the capacity of the global bucket, in requests: how many requests may
 	// pass at once after a quiet period. 0 means one second's worth of tokens,
 	// ceil(Rate), and at least 1.
-	Burst int `env:"BURST"`
+	Burst int
 	// MaxWait is how long a request may wait for a token before it is rejected, as
 	// nginx's limit_req burst without nodelay does. 0 rejects at once.
-	MaxWait time.Duration `env:"MAX_WAIT"`
+	MaxWait time.Duration
 	// ClientLimit is each client's share of the route: a token bucket per client key of
 	// ClientLimit tokens refilled at ClientLimit per ClientWindow (a GCRA, the same
 	// locally and on Redis). A client may send ClientLimit requests at once, then one
@@ -88,15 +92,15 @@ type Limit struct {
 	// request the share refuses gets the time until the client's next token as its
 	// RetryAfter: at most ClientWindow/ClientLimit. 0 turns the per-client share off.
 	// The keys tracked are bounded and freed when full again: see Bucket.
-	ClientLimit int `env:"CLIENT_LIMIT"`
+	ClientLimit int
 	// ClientWindow is the window of ClientLimit. Zero is read as one second.
-	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
+	ClientWindow time.Duration
 	// DryRun, when true, decides every request as the limit would but lets each go on
 	// at once: a request that would be rejected is counted WouldReject instead (as
 	// nginx's limit_req_dry_run and Envoy's shadow_mode do), one that would wait is let
 	// through without waiting. The bucket's state follows the decisions a real limit
 	// would take: a would-be rejection takes no token, a would-be wait takes its turn.
-	DryRun bool `env:"DRY_RUN"`
+	DryRun bool
 }
 
 // filled returns l with the Burst that 0 stands for filled in: ceil(Rate), at least 1,
@@ -154,6 +158,12 @@ type maxWaitKey struct{}
 // request that asks again, so that MaxWait bounds its wait in all: a poll whose question
 // to Core it shared with another (the bridge) asks for a token itself when that other
 // poll gave up waiting, with what is left of its own MaxWait.
+//
+// The bound is a value, not ctx's deadline as x/time/rate's Limiter.Wait reads it: a
+// deadline would bound a RedisBucket's call to Redis too, so that a request with no
+// wait left would have that call cut and be Canceled even with a token free, and it
+// is on the real clock, whereas a Bucket decides on the clock it is given. ctx's
+// deadline, if any, ends a wait as its cancellation does (Canceled).
 func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, maxWaitKey{}, max(d, 0))
 }
@@ -289,7 +299,7 @@ type waiter struct {
 // per-client share's windows and the sweep of its idle keys all read it. opts bound and
 // log the per-client share. It returns an error when l is not valid.
 func NewBucket(l Limit, clock clockwork.Clock, opts ...Option) (*Bucket, error) {
-	if err := l.validate(); err != nil {
+	if err := l.Validate(); err != nil {
 		return nil, err
 	}
 	o := newOptions(opts)
@@ -329,50 +339,53 @@ func (b *Bucket) clientKeys() (tracked int, untracked uint64, ok bool) {
 	return tracked, untracked, true
 }
 
-func (l Limit) validate() error {
-	if errs := l.check(); len(errs) > 0 {
-		return fmt.Errorf("%s %s", strings.ToLower(strings.ReplaceAll(errs[0].Var, "_", " ")), errs[0].Want)
+// FieldError is a field of a Limit out of range, which NewBucket and NewSet refuse.
+// Field is the field's name (Rate, Burst, MaxWait, ClientLimit or ClientWindow), Want
+// what it accepts, in the field's units. Whoever reads a Limit from settings names
+// its own variable with it (sidecar does).
+type FieldError struct {
+	Field, Want string
+}
+
+// Error returns the field's name in lower-case words and what it accepts, e.g.
+// "max wait out of range: want a duration from 0 to 24h0m0s".
+func (e *FieldError) Error() string {
+	var words strings.Builder
+	for i, r := range e.Field {
+		if i > 0 && unicode.IsUpper(r) {
+			words.WriteByte(' ')
+		}
+		words.WriteRune(unicode.ToLower(r))
 	}
-	return nil
+	return words.String() + " out of range: " + e.Want
 }
 
-// fieldError names the env suffix of the invalid field (RATE, BURST...) and what it
-// accepts.
-type fieldError struct{ Var, Want string }
-
-// wants says what each setting of a Limit accepts, by env suffix: the range and the
-// meaning of 0. It is the message of a value out of range and of one that does not
-// parse.
-var wants = map[string]string{
-	"RATE":          "want a number of requests per second >= 0: 0 = no limit, else from 0.00001 (one in 27.8 hours) to 1e9, fractions allowed (e.g. 0.5)",
-	"BURST":         "want a whole number of requests >= 0, at most 2147483647; 0 = ceil(rate), at least 1",
-	"MAX_WAIT":      "want a duration with its unit >= 0, at most 24h (e.g. 500ms, 2s); 0 = reject at once",
-	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0, at most 2147483647; 0 = off",
-	"CLIENT_WINDOW": "want a duration with its unit >= 0, at most 720h (e.g. 1s, 1m); 0 = 1s",
-	"DRY_RUN":       "want true or false; true = decide as the limit would, count would_reject and let every request go on",
-}
-
-// check returns the invalid fields of l, in field order; none when l is valid.
-func (l Limit) check() []fieldError {
-	var errs []fieldError
-	bad := func(v string) { errs = append(errs, fieldError{v, wants[v]}) }
+// Validate returns nil when NewBucket and NewSet accept l. Otherwise it returns an
+// error joining (errors.Join: it has an Unwrap() []error method) one *FieldError for
+// each field out of range, in field order: Rate other than 0 outside MinRate to
+// MaxRate (or NaN, infinite, negative), Burst or ClientLimit negative, MaxWait outside
+// 0 to MaxMaxWait, ClientWindow outside 0 to MaxClientWindow. A field without effect
+// (Burst without a Rate) must be in range all the same.
+func (l Limit) Validate() error {
+	var errs []error
+	bad := func(field, want string) { errs = append(errs, &FieldError{Field: field, Want: want}) }
 	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) ||
 		(l.Rate > 0 && (l.Rate < MinRate || l.Rate > MaxRate)) {
-		bad("RATE")
+		bad("Rate", fmt.Sprintf("want 0 (no limit) or from %g to %g requests per second", MinRate, MaxRate))
 	}
 	if l.Burst < 0 {
-		bad("BURST")
+		bad("Burst", "want 0 (one second's worth) or more requests")
 	}
 	if l.MaxWait < 0 || l.MaxWait > MaxMaxWait {
-		bad("MAX_WAIT")
+		bad("MaxWait", fmt.Sprintf("want a duration from 0 to %v", MaxMaxWait))
 	}
 	if l.ClientLimit < 0 {
-		bad("CLIENT_LIMIT")
+		bad("ClientLimit", "want 0 (off) or more requests per window")
 	}
 	if l.ClientWindow < 0 || l.ClientWindow > MaxClientWindow {
-		bad("CLIENT_WINDOW")
+		bad("ClientWindow", fmt.Sprintf("want a duration from 0 (one second) to %v", MaxClientWindow))
 	}
-	return errs
+	return errors.Join(errs...)
 }
 
 // Limit returns the configuration the bucket was built with as it acts: Burst filled
@@ -576,7 +589,7 @@ func newSet(limits map[string]Limit, prev *Set, clock clockwork.Clock, opts []Op
 	}
 	for route, l := range limits {
 		// Validate before skipping unlimited limits: Rate 0 with Burst -1 is invalid too.
-		if err := l.validate(); err != nil {
+		if err := l.Validate(); err != nil {
 			return nil, fmt.Errorf("route %s: %w", route, err)
 		}
 		s.limits[route] = l

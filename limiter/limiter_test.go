@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -550,6 +551,38 @@ func TestNewBucketInvalid(t *testing.T) {
 				t.Errorf("NewBucket(%+v) bucket = %v, want nil with the error", tt.l, b)
 			}
 		})
+	}
+}
+
+// TestValidate: Validate joins one *FieldError for each field out of range, in field
+// order, naming the field, and nil for a valid Limit, the bounds included.
+func TestValidate(t *testing.T) {
+	bad := limiter.Limit{Rate: limiter.MaxRate * 2, Burst: -1, MaxWait: limiter.MaxMaxWait + 1,
+		ClientLimit: -1, ClientWindow: limiter.MaxClientWindow + 1}
+	err := bad.Validate()
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		t.Fatalf("Limit%+v.Validate() = %T %v, want errors joined", bad, err, err)
+	}
+	var fields []string
+	for _, e := range joined.Unwrap() {
+		var fe *limiter.FieldError
+		if !errors.As(e, &fe) {
+			t.Fatalf("Limit%+v.Validate() holds %T %v, want only *limiter.FieldError", bad, e, e)
+		}
+		fields = append(fields, fe.Field)
+	}
+	if want := []string{"Rate", "Burst", "MaxWait", "ClientLimit", "ClientWindow"}; !slices.Equal(fields, want) {
+		t.Errorf("Limit%+v.Validate() names %v, want %v", bad, fields, want)
+	}
+	for _, l := range []limiter.Limit{
+		{},
+		{Rate: limiter.MinRate, MaxWait: limiter.MaxMaxWait},
+		{Rate: limiter.MaxRate, Burst: math.MaxInt32, ClientLimit: 1, ClientWindow: limiter.MaxClientWindow, DryRun: true},
+	} {
+		if err := l.Validate(); err != nil {
+			t.Errorf("Limit%+v.Validate() = %v, want nil", l, err)
+		}
 	}
 }
 

@@ -234,7 +234,7 @@ func (r *Redis) Mode() Mode { return Mode(r.mode.Load()) }
 // bucket builds the RedisBucket of route for l, whose fallback is a local Bucket on
 // clock at the replica's share of l.
 func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Option) (*RedisBucket, error) {
-	if err := l.validate(); err != nil {
+	if err := l.Validate(); err != nil {
 		return nil, err
 	}
 	if clock == nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/limiter"
-	"github.com/mdproxy/mdproxy/proxy"
 )
 
 // EnvPrefix starts every variable mdproxy reads.
@@ -496,11 +495,6 @@ func validListenAddr(a string) bool {
 // read, sorted: most likely misspelt limits, which would otherwise leave a route
 // unprotected without a word.
 func unknownVariables(environ map[string]string) []string {
-	known := envconf.Names[Config](EnvPrefix)
-	for _, route := range proxy.RouteNames() {
-		for _, name := range envconf.Names[limiter.Limit]("") {
-			known = append(known, limiter.VarName(EnvPrefix, route, name))
-		}
-	}
+	known := append(envconf.Names[Config](EnvPrefix), routeLimitVars()...)
 	return envconf.Unknown(EnvPrefix, environ, known)
 }

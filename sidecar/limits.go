@@ -16,22 +16,6 @@ import (
 	"github.com/mdproxy/mdproxy/proxy"
 )
 
-// limitSettings are the settings of a route's limit, the suffixes of its variables
-// (MDPROXY_<ROUTE>_RATE...), in the order of limiter.Limit's fields.
-var limitSettings = envconf.Names[limiter.Limit]("")
-
-// routeLimitVars returns the name of every route limit variable: MDPROXY_<ROUTE>_RATE,
-// _BURST, _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN of every route.
-func routeLimitVars() []string {
-	var names []string
-	for _, route := range proxy.RouteNames() {
-		for _, setting := range limitSettings {
-			names = append(names, limiter.VarName(EnvPrefix, route, setting))
-		}
-	}
-	return names
-}
-
 // utf8BOM is the byte order mark that Windows editors write at the start of a UTF-8
 // file.
 var utf8BOM = []byte("\ufeff")
@@ -118,7 +102,7 @@ func loadLimits(environ map[string]string, file string, f limitsFile) (limits ma
 		merged = maps.Clone(environ)
 		maps.Copy(merged, fromFile)
 	}
-	limits, err = limiter.ParseLimits(merged, EnvPrefix, proxy.RouteNames(), DefaultLimits)
+	limits, err = parseLimits(merged, proxy.RouteNames(), DefaultLimits)
 	parseErrs, _ := err.(envconf.Errors)
 	for _, e := range parseErrs {
 		var ee *envconf.Error
@@ -148,7 +132,7 @@ func ineffective(environ map[string]string, limits map[string]limiter.Limit) []s
 	for _, route := range proxy.RouteNames() {
 		l := limits[route]
 		shared = shared || l.ClientLimit > 0
-		v := func(setting string) string { return limiter.VarName(EnvPrefix, route, setting) }
+		v := func(setting string) string { return limitVarName(route, setting) }
 		if l.Rate == 0 {
 			for _, s := range []string{"BURST", "MAX_WAIT"} {
 				if set(v(s)) {

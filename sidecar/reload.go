@@ -358,3 +358,13 @@ func warnNoEffect(log *slog.Logger, noEffect []string) {
 		log.Warn("settings without effect", "variables", noEffect)
 	}
 }
+
+// newLimitsReloader returns the reloader of a running mdproxy's limits file
+// (cfg.LimitsFile, "" when none): each reload is read with environ's variables beside
+// the file's, logged to log, counted in m.ConfigReloads, and put in force in live and
+// in h; the file cfg was read with is the one in force.
+func newLimitsReloader(cfg *Config, environ map[string]string, log *slog.Logger, m *metrics.Metrics, live *liveLimits, h *proxy.Proxy) *limitsReloader {
+	return &limitsReloader{file: cfg.LimitsFile, environ: environ, settle: cfg.LimitsFileSettle,
+		clock: clockwork.NewRealClock(), log: log, reloads: m.ConfigReloads, live: live, proxy: h,
+		inForce: cfg.limitsRead}
+}

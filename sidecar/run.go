@@ -22,9 +22,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/mdproxy/mdproxy/bridge"
 	"github.com/mdproxy/mdproxy/limiter"
@@ -56,37 +56,87 @@ import (
 // and without touching the bucket of a route whose limit is the same; a bad one
 // changes nothing; one identical to the file in force is no reload. Each reload is
 // logged and counted (mdproxy_config_reloads_total).
+//
+// Its steps, in order: the settings (loadSettings), the limits (startLimits), the
+// proxy (startProxy), the servers (listen, then serve), the start log (logStart), and
+// the shutdown (servers.shutdown); what a step started is closed, in reverse order,
+// when Run returns.
 func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr), opts ...Option) error {
 	var o runOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	cfg, err := LoadConfig(environ)
+	cfg, log, err := loadSettings(environ, logw)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: cfg.level}))
-
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	limitOpts := []limiter.Option{limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log)}
+	limits, err := startLimits(ctx, cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	defer limits.close() // after everything that uses Redis has stopped
+	px, err := startProxy(ctx, cfg, reg, m, log, limits)
+	if err != nil {
+		return err
+	}
+	defer px.close() // after the drain: callbacks of scans in flight still land
+	srv, err := listen(ctx, cfg, reg, log, px.h, limits.live)
+	if err != nil {
+		return err
+	}
+	srv.serve(px.br, cfg, log)
+	logStart(log, cfg, environ, limits, px.br, srv)
+	defer newLimitsReloader(cfg, environ, log, m, limits.live, px.h).start(o.reloadSignals)()
+	if started != nil {
+		started(srv.pl.Addr(), srv.al.Addr())
+	}
+	return srv.shutdown(ctx, cfg, log)
+}
+
+// loadSettings is Run's first step: it reads mdproxy's settings from environ
+// (LoadConfig: a *ConfigError naming each bad variable) and returns them with the
+// logger of JSON lines to logw at MDPROXY_LOG_LEVEL.
+func loadSettings(environ map[string]string, logw io.Writer) (*Config, *slog.Logger, error) {
+	cfg, err := LoadConfig(environ)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, slog.New(slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: cfg.level})), nil
+}
+
+// runLimits are the limits of a running mdproxy: the Set in force, which a reload of
+// the limits file swaps, and the Redis client that the limits and the bridge's results
+// share (nil without MDPROXY_REDIS_URL), which close closes.
+type runLimits struct {
+	live    *liveLimits
+	rdb     *redis.Client
+	redisOK bool // Redis answered the check at start
+}
+
+// startLimits is Run's second step: it builds each route's Limiter from cfg.Limits, on
+// the Redis of MDPROXY_REDIS_URL when one is set (checked once, within
+// MDPROXY_REDIS_TIMEOUT: one that does not answer is logged, not fatal, since Redis may
+// come up after mdproxy, and decisions stay local until it answers), and registers the
+// limiter's metrics on reg. A limit NewSet refuses is a *ConfigError.
+func startLimits(ctx context.Context, cfg *Config, reg *prometheus.Registry, log *slog.Logger) (*runLimits, error) {
+	rl := &runLimits{live: &liveLimits{}, rdb: newRedisClient(cfg, metrics.NewRedis(reg))}
+	opts := []limiter.Option{limiter.WithClientKeysMax(cfg.ClientKeysMax), limiter.WithLogger(log)}
 	mode := func() limiter.Mode { return limiter.ModeLocal }
-	rdb := newRedisClient(cfg, metrics.NewRedis(reg))
-	redisOK := false // the check at start answered
-	if rdb != nil {
-		defer rdb.Close() // after everything that uses it has stopped
-		shared := limiter.NewRedis(rdb, limiter.RedisOptions{Prefix: cfg.RedisPrefix,
+	if rl.rdb != nil {
+		shared := limiter.NewRedis(rl.rdb, limiter.RedisOptions{Prefix: cfg.RedisPrefix,
 			Timeout: cfg.RedisTimeout, Replicas: cfg.Replicas, Logger: log})
-		limitOpts = append(limitOpts, limiter.WithRedis(shared))
+		opts = append(opts, limiter.WithRedis(shared))
 		metrics.RegisterLimiterRestores(reg, shared)
 		mode = shared.Mode
 		pctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
-		if err := rdb.Ping(pctx).Err(); err != nil {
-			// Not fatal: Redis may come up after mdproxy. A wrong password fails here too.
+		if err := rl.rdb.Ping(pctx).Err(); err != nil {
+			// A wrong password fails here too.
 			log.Warn("Redis check at start failed (unreachable, too slow, or refusing the login): decisions fall back to local buckets until it answers",
 				"redis", redactedURL(cfg.RedisURL), "error", err.Error())
 		} else {
-			redisOK = true
+			rl.redisOK = true
 		}
 		cancel()
 	}
@@ -95,13 +145,35 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		modes[i] = md.String()
 	}
 	metrics.RegisterLimiterMode(reg, modes, func() string { return mode().String() })
-	set, err := limiter.NewSet(cfg.Limits, nil, limitOpts...)
+	set, err := limiter.NewSet(cfg.Limits, nil, opts...)
 	if err != nil {
-		return &ConfigError{err}
+		rl.close()
+		return nil, &ConfigError{err}
 	}
-	limits := &liveLimits{} // the Set in force, which a reload of the limits file swaps
-	limits.Store(set)
-	metrics.RegisterClientKeys(reg, limits)
+	rl.live.Store(set)
+	metrics.RegisterClientKeys(reg, rl.live)
+	return rl, nil
+}
+
+// close closes the Redis client, if any.
+func (rl *runLimits) close() {
+	if rl.rdb != nil {
+		rl.rdb.Close()
+	}
+}
+
+// runProxy is the proxy of a running mdproxy: its handler, its transport to Core, and
+// the bridge (nil when off), which close stops.
+type runProxy struct {
+	h  *proxy.Proxy
+	tr *http.Transport
+	br *bridgeRunning
+}
+
+// startProxy is Run's third step: it builds the transport to Core with its timeouts,
+// the bridge (listening on MDPROXY_BRIDGE_LISTEN_ADDR, not serving yet: see
+// startBridge) and the proxy's handler on limits. Its error names the setting at fault.
+func startProxy(ctx context.Context, cfg *Config, reg *prometheus.Registry, m *metrics.Metrics, log *slog.Logger, limits *runLimits) (*runProxy, error) {
 	// The timeouts towards Core are set here once: the transport enforces them, the
 	// proxy quotes the same values in its answers (a 504 says how long it waited).
 	topts := proxy.TransportOptions{
@@ -110,26 +182,25 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		BodyIdleTimeout:       cfg.BodyIdleTimeout,
 		TLSClientConfig:       cfg.upstreamTLS(log),
 	}
-	tr := proxy.NewTransport(topts)
-	// Pooled connections to Core end with Run: no goroutine of them outlives it.
-	defer tr.CloseIdleConnections()
+	px := &runProxy{tr: proxy.NewTransport(topts)}
 	// Answers to polls held for their clients: Core's (the proxy) and results read
 	// from Redis (the bridge's store), in one budget.
 	answers := bridge.NewBudget(bridge.DefaultAnswerBytes)
-	br, err := startBridge(ctx, cfg, reg, log, rdb, cfg.RedisPrefix, cfg.RedisTimeout, answers)
+	var err error
+	px.br, err = startBridge(ctx, cfg, reg, log, limits.rdb, cfg.RedisPrefix, cfg.RedisTimeout, answers)
 	if err != nil {
-		return err
+		px.close()
+		return nil, err
 	}
-	defer br.close()    // after the drain below: callbacks of scans in flight still land
 	var pb proxy.Bridge // nil when the bridge is off (not a nil *bridge.Bridge inside)
-	if br != nil {
-		pb = br.b
+	if px.br != nil {
+		pb = px.br.b
 	}
-	h, err := proxy.New(proxy.Options{
+	px.h, err = proxy.New(proxy.Options{
 		Bridge:           pb,
 		Upstream:         cfg.upstream,
-		Transport:        tr,
-		Limits:           limits,
+		Transport:        px.tr,
+		Limits:           limits.live,
 		Metrics:          m,
 		LimitStatus:      cfg.LimitStatus,
 		TrustedProxies:   cfg.trusted,
@@ -142,32 +213,55 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		Logger:           log,
 	})
 	if err != nil {
-		return err
+		px.close()
+		return nil, err
 	}
+	return px, nil
+}
 
+// close stops the bridge, then closes the pooled connections to Core, so that no
+// goroutine of them outlives Run.
+func (px *runProxy) close() {
+	px.br.close()
+	px.tr.CloseIdleConnections()
+}
+
+// servers are the proxy's and the admin listener's servers of a running mdproxy, each
+// server's end reported on errc (the bridge's callback listener's too).
+type servers struct {
+	proxy, admin *http.Server
+	pl, al       net.Listener
+	// stopping is set once shutdown starts: the admin /readyz answers 503 from then.
+	stopping atomic.Bool
+	errc     chan error
+}
+
+// listen is Run's fourth step: it listens on MDPROXY_LISTEN_ADDR and MDPROXY_ADMIN_ADDR
+// (an error names the variable) and builds the proxy's server for h and the admin
+// server for reg's metrics and limits' settings; serve serves them.
+func listen(ctx context.Context, cfg *Config, reg *prometheus.Registry, log *slog.Logger, h *proxy.Proxy, limits proxy.Limits) (*servers, error) {
 	var lc net.ListenConfig
 	pl, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("listening on MDPROXY_LISTEN_ADDR: %w", err)
+		return nil, fmt.Errorf("listening on MDPROXY_LISTEN_ADDR: %w", err)
 	}
 	al, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
 	if err != nil {
 		pl.Close()
-		return fmt.Errorf("listening on MDPROXY_ADMIN_ADDR: %w", err)
+		return nil, fmt.Errorf("listening on MDPROXY_ADMIN_ADDR: %w", err)
 	}
-
-	var stopping atomic.Bool
+	s := &servers{al: al, errc: make(chan error, 3)}
 	errLog := serverErrorLog(log)
-	srv := newServer(cfg, h, errLog)
+	s.proxy = newServer(cfg, h, errLog)
 	// net/http's read deadlines, set a few times a request, are kept in memory and
 	// enforced by one goroutine (proxy.LazyDeadlines), not by a runtime timer each; and
 	// at most MDPROXY_MAX_CONNECTIONS connections are open at once.
 	pl = proxy.LazyDeadlines(pl, deadlineResolution(cfg), cfg.MaxConnections)
-	pl = cfg.listenTLS(pl, srv, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
+	s.pl = cfg.listenTLS(pl, s.proxy, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
-	admin := &http.Server{
-		Handler:           closeAmbiguous(adminHandler(reg, &stopping, cfg, limits)),
+	s.admin = &http.Server{
+		Handler:           closeAmbiguous(adminHandler(reg, &s.stopping, cfg, limits)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadHeaderTimeout,
 		WriteTimeout:      cfg.BodyIdleTimeout,
@@ -175,24 +269,34 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
 	}
+	return s, nil
+}
 
-	errc := make(chan error, 3)
-	go func() { errc <- srv.Serve(pl) }()
-	go func() { errc <- admin.Serve(al) }()
-	br.serve(cfg, log, errc)
-	if rdb != nil {
+// serve serves the proxy, the admin listener and br's callback listener (nil: the
+// bridge is off), each in a goroutine of its own, until shutdown.
+func (s *servers) serve(br *bridgeRunning, cfg *Config, log *slog.Logger) {
+	go func() { s.errc <- s.proxy.Serve(s.pl) }()
+	go func() { s.errc <- s.admin.Serve(s.al) }()
+	br.serve(cfg, log, s.errc)
+}
+
+// logStart is Run's fifth step: it logs where mdproxy serves and with what, the
+// settings as /config answers them, whether the bridge is on, and the variables that
+// are unknown or have no effect.
+func logStart(log *slog.Logger, cfg *Config, environ map[string]string, limits *runLimits, br *bridgeRunning, s *servers) {
+	if limits.rdb != nil {
 		msg := "limits and results shared on Redis"
-		if !redisOK {
+		if !limits.redisOK {
 			msg = "limits and results to be shared on Redis once it answers"
 		}
 		log.Info(msg, "redis", redactedURL(cfg.RedisURL),
 			"prefix", cfg.RedisPrefix, "timeout", cfg.RedisTimeout.String(), "replicas", cfg.Replicas)
 	}
 	version, revision, _ := metrics.BuildVersion()
-	log.Info("mdproxy serving", "listen", pl.Addr().String(), "tls", cfg.TLSCertFile != "", "admin", al.Addr().String(),
+	log.Info("mdproxy serving", "listen", s.pl.Addr().String(), "tls", cfg.TLSCertFile != "", "admin", s.al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
 		"version", version, "revision", revision)
-	settings := settingsOf(cfg, limits) // as /config answers them
+	settings := settingsOf(cfg, limits.live) // as /config answers them
 	log.Info("settings", "variables", settings.Variables, "routes", settings.Routes)
 	if br != nil {
 		log.Info("bridge on: Core's callbacks taken, polls answered from what mdproxy knows",
@@ -204,18 +308,17 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
 	}
 	warnNoEffect(log, cfg.noEffect)
-	reloader := &limitsReloader{file: cfg.LimitsFile, environ: environ, settle: cfg.LimitsFileSettle,
-		clock: clockwork.NewRealClock(), log: log, reloads: m.ConfigReloads, live: limits, proxy: h,
-		inForce: cfg.limitsRead}
-	defer reloader.start(o.reloadSignals)()
-	if started != nil {
-		started(pl.Addr(), al.Addr())
-	}
+}
 
+// shutdown is Run's last step: it waits until ctx ends or a server fails, then shuts
+// down in the phases Run describes, and returns Run's error: nil after a clean
+// shutdown, a server's error, or one wrapping context.DeadlineExceeded when in-flight
+// requests were cut at MDPROXY_SHUTDOWN_TIMEOUT.
+func (s *servers) shutdown(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
-	case serveErr = <-errc:
+	case serveErr = <-s.errc:
 	}
 	// Not ready first, and keep serving while load balancers notice (issue 9): closing
 	// the listener at once would refuse the requests they still send.
@@ -227,25 +330,25 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		signal.Notify(hurry, shutdownSignals...)
 		defer signal.Stop(hurry)
 	}
-	stopping.Store(true)
+	s.stopping.Store(true)
 	log.Info("mdproxy shutting down: /readyz answers 503", "delay", cfg.ShutdownDelay.String(),
 		"timeout", cfg.ShutdownTimeout.String())
 	if delay {
 		// Each connection is closed after its response, so clients reconnect, through
 		// load balancers that meanwhile stop choosing this replica.
-		srv.SetKeepAlivesEnabled(false)
-		serveErr = shutdownDelay(cfg.ShutdownDelay, hurry, errc, log)
+		s.proxy.SetKeepAlivesEnabled(false)
+		serveErr = shutdownDelay(cfg.ShutdownDelay, hurry, s.errc, log)
 	}
 	log.Info("mdproxy draining: closing the listener, in-flight requests finishing",
 		"timeout", cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
-	shutErr := srv.Shutdown(sctx)
+	shutErr := s.proxy.Shutdown(sctx)
 	if shutErr != nil {
-		srv.Close()
+		s.proxy.Close()
 		shutErr = fmt.Errorf("in-flight requests cut after MDPROXY_SHUTDOWN_TIMEOUT=%v: %w", cfg.ShutdownTimeout, shutErr)
 	}
-	admin.Close()
+	s.admin.Close()
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}

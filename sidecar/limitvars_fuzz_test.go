@@ -1,4 +1,4 @@
-package limiter_test
+package sidecar
 
 import (
 	"errors"
@@ -25,7 +25,7 @@ var fuzzDefaults = []map[string]limiter.Limit{
 
 // FuzzParseLimits feeds arbitrary values of MDPROXY_FILE_RESULT_RATE, _BURST,
 // _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW and _DRY_RUN (each set or unset) to
-// ParseLimits. It
+// parseLimits. It
 // checks that it never panics and either returns an *envconf.Error naming one of those
 // variables, set to a value that is not a valid setting, or limits that NewSet accepts,
 // with no NaN, infinite or negative value, the value read from each set variable and
@@ -57,7 +57,6 @@ func FuzzParseLimits(f *testing.F) {
 	f.Add("x", "x", "x", "x", "x", "x", uint8(0x10), uint8(2))
 	f.Add("", "", "", "", "", "maybe", uint8(0x20), uint8(0))
 
-	const envPrefix = "MDPROXY_"
 	routeNames := []string{"file_result", "batch_status"}
 	f.Fuzz(func(t *testing.T, rate, burst, maxWait, clientLimit, clientWindow, dryRun string, mask, defaultsIdx uint8) {
 		defaults := fuzzDefaults[int(defaultsIdx)%len(fuzzDefaults)]
@@ -65,44 +64,44 @@ func FuzzParseLimits(f *testing.F) {
 		environ := map[string]string{}
 		var names []string
 		for i, s := range fuzzSettings {
-			name := limiter.VarName(envPrefix, "file_result", s)
+			name := limitVarName("file_result", s)
 			names = append(names, name)
 			if mask&(1<<i) != 0 {
 				environ[name] = values[i]
 			}
 		}
 
-		limits, err := limiter.ParseLimits(environ, envPrefix, routeNames, defaults)
+		limits, err := parseLimits(environ, routeNames, defaults)
 		if err != nil {
 			var ee *envconf.Error
 			if !errors.As(err, &ee) {
-				t.Fatalf("ParseLimits(%q) = %v (%T), want an *envconf.Error", environ, err, err)
+				t.Fatalf("parseLimits(%q) = %v (%T), want an *envconf.Error", environ, err, err)
 			}
 			if !slices.Contains(names, ee.Var) {
-				t.Fatalf("ParseLimits(%q) = error naming %q, want one of %q", environ, ee.Var, names)
+				t.Fatalf("parseLimits(%q) = error naming %q, want one of %q", environ, ee.Var, names)
 			}
 			if v, ok := environ[ee.Var]; !ok || v != ee.Value || v == "" {
-				t.Errorf("ParseLimits(%q) = error with %s=%q, want the variable's non-empty value %q", environ, ee.Var, ee.Value, v)
+				t.Errorf("parseLimits(%q) = error with %s=%q, want the variable's non-empty value %q", environ, ee.Var, ee.Value, v)
 			}
-			if setting := ee.Var[len(limiter.VarName(envPrefix, "file_result", "")):]; validSetting(setting, ee.Value) {
-				t.Errorf("ParseLimits(%q) = %v, want no error for the valid %s=%q", environ, err, ee.Var, ee.Value)
+			if setting := ee.Var[len(limitVarName("file_result", "")):]; validSetting(setting, ee.Value) {
+				t.Errorf("parseLimits(%q) = %v, want no error for the valid %s=%q", environ, err, ee.Var, ee.Value)
 			}
 			if limits != nil {
-				t.Errorf("ParseLimits(%q) = %v with error %v, want nil limits", environ, limits, err)
+				t.Errorf("parseLimits(%q) = %v with error %v, want nil limits", environ, limits, err)
 			}
 			return
 		}
 
 		if len(limits) != len(routeNames) {
-			t.Errorf("ParseLimits(%q) = %v, want a limit for each of %q", environ, limits, routeNames)
+			t.Errorf("parseLimits(%q) = %v, want a limit for each of %q", environ, limits, routeNames)
 		}
 		if got, want := limits["batch_status"], defaults["batch_status"]; got != want {
-			t.Errorf("ParseLimits(%q)[batch_status] = %+v, want its default %+v", environ, got, want)
+			t.Errorf("parseLimits(%q)[batch_status] = %+v, want its default %+v", environ, got, want)
 		}
 		l := limits["file_result"]
 		if math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate < 0 || l.Burst < 0 || l.MaxWait < 0 ||
 			l.ClientLimit < 0 || l.ClientWindow < 0 {
-			t.Errorf("ParseLimits(%q)[file_result] = %+v, want no NaN, infinite or negative value", environ, l)
+			t.Errorf("parseLimits(%q)[file_result] = %+v, want no NaN, infinite or negative value", environ, l)
 		}
 		def := defaults["file_result"]
 		fields := []struct {
@@ -121,17 +120,17 @@ func FuzzParseLimits(f *testing.F) {
 			if v := environ[names[i]]; v != "" {
 				w, err := fl.read(v)
 				if err != nil {
-					t.Errorf("ParseLimits(%q) accepted %s=%q, which does not parse: %v", environ, names[i], v, err)
+					t.Errorf("parseLimits(%q) accepted %s=%q, which does not parse: %v", environ, names[i], v, err)
 					continue
 				}
 				want = w
 			}
 			if fl.got != want {
-				t.Errorf("ParseLimits(%q)[file_result] %s = %v, want %v", environ, fuzzSettings[i], fl.got, want)
+				t.Errorf("parseLimits(%q)[file_result] %s = %v, want %v", environ, fuzzSettings[i], fl.got, want)
 			}
 		}
 
-		set, err := limiter.NewSet(limits, newClock())
+		set, err := limiter.NewSet(limits, nil)
 		if err != nil {
 			t.Fatalf("NewSet(%+v) = %v, want the parsed limits accepted", limits, err)
 		}

@@ -1,4 +1,4 @@
-package limiter_test
+package sidecar
 
 import (
 	"errors"
@@ -11,29 +11,27 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 )
 
-const prefix = "MDPROXY_"
+// limitTestRoutes are the routes parseLimits reads in these tests.
+var limitTestRoutes = []string{"file_result", "hash_lookup", "file_submit"}
 
-var routes = []string{"file_result", "hash_lookup", "file_submit"}
-
-// defaults are the limits the environment overrides.
-var defaults = map[string]limiter.Limit{
+// limitTestDefaults are the limits the environment overrides in these tests.
+var limitTestDefaults = map[string]limiter.Limit{
 	"file_result": {Rate: 20, Burst: 40, MaxWait: 500 * time.Millisecond},
 	"hash_lookup": {Rate: 50, ClientLimit: 10, ClientWindow: time.Second},
 	// file_submit has no default: unlimited.
 }
 
-func TestVarName(t *testing.T) {
+func TestLimitVarName(t *testing.T) {
 	tests := []struct {
-		prefix, route, setting, want string
+		route, setting, want string
 	}{
-		{"MDPROXY_", "file_result", "RATE", "MDPROXY_FILE_RESULT_RATE"},
-		{"MDPROXY_", "hash_lookup", "CLIENT_WINDOW", "MDPROXY_HASH_LOOKUP_CLIENT_WINDOW"},
-		{"MDPROXY_", "file_result", "", "MDPROXY_FILE_RESULT_"},
-		{"", "batch", "BURST", "BATCH_BURST"},
+		{"file_result", "RATE", "MDPROXY_FILE_RESULT_RATE"},
+		{"hash_lookup", "CLIENT_WINDOW", "MDPROXY_HASH_LOOKUP_CLIENT_WINDOW"},
+		{"file_result", "", "MDPROXY_FILE_RESULT_"},
 	}
 	for _, tt := range tests {
-		if got := limiter.VarName(tt.prefix, tt.route, tt.setting); got != tt.want {
-			t.Errorf("VarName(%q, %q, %q) = %q, want %q", tt.prefix, tt.route, tt.setting, got, tt.want)
+		if got := limitVarName(tt.route, tt.setting); got != tt.want {
+			t.Errorf("limitVarName(%q, %q) = %q, want %q", tt.route, tt.setting, got, tt.want)
 		}
 	}
 }
@@ -48,8 +46,8 @@ func TestParseLimits(t *testing.T) {
 			name:    "unset keeps defaults",
 			environ: map[string]string{},
 			want: map[string]limiter.Limit{
-				"file_result": defaults["file_result"],
-				"hash_lookup": defaults["hash_lookup"],
+				"file_result": limitTestDefaults["file_result"],
+				"hash_lookup": limitTestDefaults["hash_lookup"],
 				"file_submit": {},
 			},
 		},
@@ -63,8 +61,8 @@ func TestParseLimits(t *testing.T) {
 				"MDPROXY_FILE_RESULT_RATES": "abc",
 			},
 			want: map[string]limiter.Limit{
-				"file_result": defaults["file_result"],
-				"hash_lookup": defaults["hash_lookup"],
+				"file_result": limitTestDefaults["file_result"],
+				"hash_lookup": limitTestDefaults["hash_lookup"],
 				"file_submit": {},
 			},
 		},
@@ -80,7 +78,7 @@ func TestParseLimits(t *testing.T) {
 			},
 			want: map[string]limiter.Limit{
 				"file_result": {Rate: 0.5, Burst: 3, MaxWait: 250 * time.Millisecond, ClientLimit: 7, ClientWindow: time.Minute, DryRun: true},
-				"hash_lookup": defaults["hash_lookup"],
+				"hash_lookup": limitTestDefaults["hash_lookup"],
 				"file_submit": {},
 			},
 		},
@@ -91,7 +89,7 @@ func TestParseLimits(t *testing.T) {
 				"MDPROXY_FILE_SUBMIT_RATE":         "100",
 			},
 			want: map[string]limiter.Limit{
-				"file_result": defaults["file_result"],
+				"file_result": limitTestDefaults["file_result"],
 				"hash_lookup": {Rate: 50, ClientWindow: time.Second},
 				"file_submit": {Rate: 100},
 			},
@@ -104,7 +102,7 @@ func TestParseLimits(t *testing.T) {
 			},
 			want: map[string]limiter.Limit{
 				"file_result": {Burst: 40},
-				"hash_lookup": defaults["hash_lookup"],
+				"hash_lookup": limitTestDefaults["hash_lookup"],
 				"file_submit": {},
 			},
 		},
@@ -116,7 +114,7 @@ func TestParseLimits(t *testing.T) {
 				"MDPROXY_FILE_SUBMIT_DRY_RUN": "TRUE",
 			},
 			want: map[string]limiter.Limit{
-				"file_result": defaults["file_result"],
+				"file_result": limitTestDefaults["file_result"],
 				"hash_lookup": {Rate: 50, ClientLimit: 10, ClientWindow: time.Second, DryRun: true},
 				"file_submit": {DryRun: true}, // unlimited: nothing to dry-run
 			},
@@ -130,24 +128,24 @@ func TestParseLimits(t *testing.T) {
 				"MDPROXY_FILE_SUBMIT_CLIENT_LIMIT":  "1",
 			},
 			want: map[string]limiter.Limit{
-				"file_result": defaults["file_result"],
-				"hash_lookup": defaults["hash_lookup"],
+				"file_result": limitTestDefaults["file_result"],
+				"hash_lookup": limitTestDefaults["hash_lookup"],
 				"file_submit": {Rate: 2, MaxWait: 1500 * time.Millisecond, ClientLimit: 1, ClientWindow: 90 * time.Minute},
 			},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := limiter.ParseLimits(tt.environ, prefix, routes, defaults)
+			got, err := parseLimits(tt.environ, limitTestRoutes, limitTestDefaults)
 			if err != nil {
-				t.Fatalf("ParseLimits(%v) = %v, want no error", tt.environ, err)
+				t.Fatalf("parseLimits(%v) = %v, want no error", tt.environ, err)
 			}
 			if len(got) != len(tt.want) {
-				t.Errorf("ParseLimits(%v) = %v, want %d routes", tt.environ, got, len(tt.want))
+				t.Errorf("parseLimits(%v) = %v, want %d routes", tt.environ, got, len(tt.want))
 			}
 			for route, want := range tt.want {
 				if l, ok := got[route]; !ok || l != want {
-					t.Errorf("ParseLimits(%v)[%q] = %+v (present: %v), want %+v", tt.environ, route, l, ok, want)
+					t.Errorf("parseLimits(%v)[%q] = %+v (present: %v), want %+v", tt.environ, route, l, ok, want)
 				}
 			}
 		})
@@ -155,12 +153,12 @@ func TestParseLimits(t *testing.T) {
 }
 
 func TestParseLimitsKeepsDefaults(t *testing.T) {
-	before := defaults["file_result"]
-	if _, err := limiter.ParseLimits(map[string]string{"MDPROXY_FILE_RESULT_RATE": "1"}, prefix, routes, defaults); err != nil {
-		t.Fatalf("ParseLimits() = %v, want no error", err)
+	before := limitTestDefaults["file_result"]
+	if _, err := parseLimits(map[string]string{"MDPROXY_FILE_RESULT_RATE": "1"}, limitTestRoutes, limitTestDefaults); err != nil {
+		t.Fatalf("parseLimits() = %v, want no error", err)
 	}
-	if got := defaults["file_result"]; got != before {
-		t.Errorf("defaults[file_result] after ParseLimits = %+v, want it untouched %+v", got, before)
+	if got := limitTestDefaults["file_result"]; got != before {
+		t.Errorf("limitTestDefaults[file_result] after parseLimits = %+v, want it untouched %+v", got, before)
 	}
 }
 
@@ -206,29 +204,29 @@ func TestParseLimitsErrors(t *testing.T) {
 				// A good variable of another route does not hide the bad one.
 				"MDPROXY_FILE_SUBMIT_CLIENT_LIMIT": "3",
 			}
-			got, err := limiter.ParseLimits(environ, prefix, routes, defaults)
+			got, err := parseLimits(environ, limitTestRoutes, limitTestDefaults)
 			if err == nil {
-				t.Fatalf("ParseLimits(%s=%q) = %v, nil, want an error", tt.variable, tt.value, got)
+				t.Fatalf("parseLimits(%s=%q) = %v, nil, want an error", tt.variable, tt.value, got)
 			}
 			var ee *envconf.Error
 			if !errors.As(err, &ee) {
-				t.Fatalf("ParseLimits(%s=%q) error = %T %q, want an *envconf.Error", tt.variable, tt.value, err, err)
+				t.Fatalf("parseLimits(%s=%q) error = %T %q, want an *envconf.Error", tt.variable, tt.value, err, err)
 			}
 			if ee.Var != tt.variable {
-				t.Errorf("ParseLimits(%s=%q) error Var = %q, want %q", tt.variable, tt.value, ee.Var, tt.variable)
+				t.Errorf("parseLimits(%s=%q) error Var = %q, want %q", tt.variable, tt.value, ee.Var, tt.variable)
 			}
 			if ee.Value != tt.value {
-				t.Errorf("ParseLimits(%s=%q) error Value = %q, want %q", tt.variable, tt.value, ee.Value, tt.value)
+				t.Errorf("parseLimits(%s=%q) error Value = %q, want %q", tt.variable, tt.value, ee.Value, tt.value)
 			}
 			msg := err.Error()
 			if wantPrefix := tt.variable + "=" + `"` + tt.value + `": `; !strings.HasPrefix(msg, wantPrefix) {
-				t.Errorf("ParseLimits(%s=%q) error = %q, want it to start with %q", tt.variable, tt.value, msg, wantPrefix)
+				t.Errorf("parseLimits(%s=%q) error = %q, want it to start with %q", tt.variable, tt.value, msg, wantPrefix)
 			}
 			if !strings.Contains(msg, tt.want) {
-				t.Errorf("ParseLimits(%s=%q) error = %q, want it to contain %q", tt.variable, tt.value, msg, tt.want)
+				t.Errorf("parseLimits(%s=%q) error = %q, want it to contain %q", tt.variable, tt.value, msg, tt.want)
 			}
 			if got != nil {
-				t.Errorf("ParseLimits(%s=%q) limits = %v, want nil with the error", tt.variable, tt.value, got)
+				t.Errorf("parseLimits(%s=%q) limits = %v, want nil with the error", tt.variable, tt.value, got)
 			}
 		})
 	}
@@ -249,42 +247,42 @@ func TestParseLimitsAllErrors(t *testing.T) {
 		"MDPROXY_FILE_RESULT_RATE", "MDPROXY_FILE_RESULT_BURST",
 		"MDPROXY_HASH_LOOKUP_CLIENT_WINDOW", "MDPROXY_FILE_SUBMIT_CLIENT_LIMIT",
 	}
-	got, err := limiter.ParseLimits(environ, prefix, routes, defaults)
+	got, err := parseLimits(environ, limitTestRoutes, limitTestDefaults)
 	if err == nil {
-		t.Fatalf("ParseLimits(%v) = %v, nil; want an error naming %v", environ, got, want)
+		t.Fatalf("parseLimits(%v) = %v, nil; want an error naming %v", environ, got, want)
 	}
 	var errs envconf.Errors
 	if !errors.As(err, &errs) {
-		t.Fatalf("ParseLimits(%v) error = %T %q, want an envconf.Errors", environ, err, err)
+		t.Fatalf("parseLimits(%v) error = %T %q, want an envconf.Errors", environ, err, err)
 	}
 	var names []string
 	for _, e := range errs {
 		var ee *envconf.Error
 		if !errors.As(e, &ee) {
-			t.Fatalf("ParseLimits(%v) error %q = %T, want an *envconf.Error", environ, e, e)
+			t.Fatalf("parseLimits(%v) error %q = %T, want an *envconf.Error", environ, e, e)
 		}
 		names = append(names, ee.Var)
 		if !strings.HasPrefix(e.Error(), ee.Var+"="+`"`+environ[ee.Var]+`": want `) {
-			t.Errorf("ParseLimits(%v) error %q, want it to quote %s's value and say what it accepts", environ, e, ee.Var)
+			t.Errorf("parseLimits(%v) error %q, want it to quote %s's value and say what it accepts", environ, e, ee.Var)
 		}
 	}
 	if !slices.Equal(names, want) {
-		t.Errorf("ParseLimits(%v) error names %v, want %v, in that order", environ, names, want)
+		t.Errorf("parseLimits(%v) error names %v, want %v, in that order", environ, names, want)
 	}
 	if msg := err.Error(); strings.Count(msg, "\n") != len(want)-1 {
-		t.Errorf("ParseLimits(%v) error = %q, want the %d errors one a line", environ, msg, len(want))
+		t.Errorf("parseLimits(%v) error = %q, want the %d errors one a line", environ, msg, len(want))
 	}
 }
 
-// TestParseLimitsBuildsSet checks that what ParseLimits accepts NewSet accepts too.
+// TestParseLimitsBuildsSet checks that what parseLimits accepts NewSet accepts too.
 func TestParseLimitsBuildsSet(t *testing.T) {
-	limits, err := limiter.ParseLimits(map[string]string{"MDPROXY_FILE_RESULT_BURST": "0"}, prefix, routes, defaults)
+	limits, err := parseLimits(map[string]string{"MDPROXY_FILE_RESULT_BURST": "0"}, limitTestRoutes, limitTestDefaults)
 	if err != nil {
-		t.Fatalf("ParseLimits() = %v, want no error", err)
+		t.Fatalf("parseLimits() = %v, want no error", err)
 	}
 	s, err := limiter.NewSet(limits, nil)
 	if err != nil {
-		t.Fatalf("NewSet(ParseLimits()) = %v, want no error", err)
+		t.Fatalf("NewSet(parseLimits()) = %v, want no error", err)
 	}
 	if got, want := s.Limit("file_result").Burst, 20; got != want {
 		t.Errorf("Limit(file_result).Burst with BURST=0 and rate 20 = %d, want %d", got, want)
