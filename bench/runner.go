@@ -11,11 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/coresim"
 )
@@ -137,21 +133,9 @@ type started struct {
 	receiver string   // the callback URL (Webhook)
 	recv     *Receiver
 	stop     func() error // stops every server, the last started first
-	// corePolls counts the polls (GET /file/{data_id}) that reached the emulator;
+	// corePolls returns the polls (GET /file/{data_id}) that reached the emulator;
 	// nil with a Core at CoreURL, where they are not counted.
-	corePolls *atomic.Int64
-}
-
-// countPolls wraps the emulator's handler h: every GET /file/{data_id} that reaches it
-// adds one to n, answered or refused, whoever sent it (the client or mdproxy).
-func countPolls(h http.Handler, n *atomic.Int64) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := strings.CutPrefix(r.URL.Path, "/file/"); ok && r.Method == http.MethodGet &&
-			id != "" && id != "rules" && !strings.Contains(id, "/") {
-			n.Add(1)
-		}
-		h.ServeHTTP(w, r)
-	})
+	corePolls func() int64
 }
 
 // Speedup is the virtual time per real second of the scenario's clock.
@@ -209,25 +193,14 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 	if core == "" {
 		cfg := e.Sim
 		cfg.FetchLimit = sc.CoreLimit
-		sim, err := coresim.New(cfg, prometheus.NewRegistry())
+		cfg.ListenAddr, cfg.AdminAddr = "127.0.0.1:0", ""
+		sim, err := coresim.Start(cfg, coresim.StartOptions{})
 		if err != nil {
 			return fail(fmt.Errorf("emulator: %w", err))
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sim.Run(ctx, true)
-		}()
-		stops = append(stops, noErr(func() { cancel(); wg.Wait() }))
-		st.corePolls = new(atomic.Int64)
-		u, stop, err := serve(countPolls(sim.Handler(), st.corePolls))
-		if err != nil {
-			return fail(err)
-		}
-		stops = append(stops, noErr(stop))
-		core = u
+		stops = append(stops, noErr(sim.Close))
+		st.corePolls = sim.Polls
+		core = sim.URL
 	}
 	st.targets = []string{core}
 	if sc.proxied() {
@@ -352,7 +325,7 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 		return Figures{}, fmt.Errorf("%s: %w", sc.Name, err)
 	}
 	if st.corePolls != nil {
-		out.CorePolls = st.corePolls.Load()
+		out.CorePolls = st.corePolls()
 	} else if !sc.proxied() {
 		out.CorePolls = out.FetchOK + out.FetchErrors + out.FetchOther // every fetch went to Core
 	} else {

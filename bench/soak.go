@@ -3,37 +3,22 @@ package bench
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"image/color"
 	"io"
 	"maps"
-	"math"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/child"
 )
 
 // The soak: mdproxy runs as its own process in front of an emulated Core while a steady
@@ -319,16 +304,18 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 		}
 		defer os.RemoveAll(dir)
 		cfg.progress("building mdproxy")
-		if bin, err = BuildMdproxy(ctx, dir); err != nil {
+		if bin, err = child.Build(ctx, dir, "github.com/mdproxy/mdproxy/cmd/mdproxy"); err != nil {
 			return nil, fmt.Errorf("soak: %w", err)
 		}
 	}
 
-	core, err := startSoakCore(cfg.Sim)
+	simCfg := cfg.Sim
+	simCfg.ListenAddr, simCfg.AdminAddr = "127.0.0.1:0", ""
+	core, err := coresim.Start(simCfg, coresim.StartOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("soak: emulator: %w", err)
 	}
-	defer core.stop()
+	defer core.Close()
 
 	settings := append(slices.Clone(DefaultSoakProxyEnv), cfg.ProxyEnv...)
 	for _, kv := range effectiveSettings(settings) {
@@ -337,17 +324,18 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 		}
 	}
 	res.ProxyEnv = effectiveSettings(settings)
-	proc, err := startMdproxy(ctx, bin, core.url, settings)
+	log := &procLog{byMsg: map[string]int{}}
+	proc, err := startMdproxy(ctx, bin, core.URL, settings, log)
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
-	defer proc.stop()
+	defer stopMdproxy(proc)
 	cfg.progress(fmt.Sprintf("mdproxy (pid %d) on %s, metrics on %s, in front of the emulator on %s",
-		proc.cmd.Process.Pid, proc.listen, proc.admin, core.url))
+		proc.Cmd.Process.Pid, proc.Field("listen"), proc.Field("admin"), core.URL))
 
-	runErr := soakPhases(ctx, cfg, res, proc, core)
-	res.ProxyExit = proc.stop()
-	res.ProxyLog = proc.log.counts()
+	runErr := soakPhases(ctx, cfg, res, proc, log, core)
+	res.ProxyExit = stopMdproxy(proc)
+	res.ProxyLog = log.counts()
 	res.Verdict = JudgeSoak(res.Samples, cfg.Warmup)
 	if runErr != nil {
 		return res, fmt.Errorf("soak: %w", runErr)
@@ -357,14 +345,14 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 
 // soakPhases takes the baseline, drives the load while sampling, then waits for the
 // idle sample, appending samples to res as it goes.
-func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdproxyProc, core *soakCore) error {
+func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *child.Proc, log *procLog, core *coresim.Server) error {
 	scraper := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	metricsURL := "http://" + proc.admin + "/metrics"
+	metricsURL := "http://" + proc.Field("admin") + "/metrics"
 	sample := func(t time.Duration, phase string) (SoakSample, error) {
 		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
 		if err != nil {
-			if proc.exited() {
-				return s, fmt.Errorf("mdproxy exited (%s): %s", proc.stop(), proc.log.tail())
+			if proc.Exited() {
+				return s, fmt.Errorf("mdproxy exited (%s): %s", stopMdproxy(proc), log.tail())
 			}
 			return s, err
 		}
@@ -379,7 +367,7 @@ func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdpr
 		return err
 	}
 
-	load := newSoakLoad(cfg, "http://"+proc.listen, proc.listen)
+	load := newSoakLoad(cfg, "http://"+proc.Field("listen"), proc.Field("listen"))
 	start := time.Now()
 	load.start(ctx)
 	tick := time.NewTicker(cfg.Interval)
@@ -408,7 +396,7 @@ func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *mdpr
 
 	// Idle: the clients' and Core's kept-alive connections are closed, so that what
 	// remains in mdproxy is what it holds on its own.
-	core.closeIdle()
+	core.CloseIdle()
 	deadline := time.Now().Add(cfg.IdleWait)
 	for {
 		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
@@ -502,89 +490,12 @@ func sumValues(m map[string]float64) float64 {
 	return sum
 }
 
-// BuildMdproxy builds mdproxy's binary into dir with the go command found on PATH and
-// returns its path. The working directory must be inside mdproxy's module. When ctx
-// ends, the build is interrupted (and killed 10 s later).
-func BuildMdproxy(ctx context.Context, dir string) (string, error) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("building mdproxy: no go command on PATH (or give a built binary): %w", err)
-	}
-	out := filepath.Join(dir, "mdproxy")
-	if runtime.GOOS == "windows" {
-		out += ".exe"
-	}
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", out, "github.com/mdproxy/mdproxy/cmd/mdproxy")
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building mdproxy: %w: %s", err, bytes.TrimSpace(b))
-	}
-	return out, nil
-}
-
-// soakCore is the emulated Core of a soak, served in this process.
-type soakCore struct {
-	url  string
-	srv  *http.Server
-	stop func() // idempotent
-}
-
-// closeIdle closes Core's idle kept-alive connections (those mdproxy's transport
-// pools) and keeps later ones from being kept.
-func (c *soakCore) closeIdle() { c.srv.SetKeepAlivesEnabled(false) }
-
-func startSoakCore(cfg coresim.Config) (*soakCore, error) {
-	sim, err := coresim.New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		sim.Run(ctx, true)
-	}()
-	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		defer wg.Done()
-		_ = srv.Serve(l)
-	}()
-	var once sync.Once
-	return &soakCore{url: "http://" + l.Addr().String(), srv: srv, stop: func() {
-		once.Do(func() {
-			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer scancel()
-			_ = srv.Shutdown(sctx)
-			srv.Close()
-			cancel()
-			wg.Wait()
-		})
-	}}, nil
-}
-
-// mdproxyProc is mdproxy running as a child process.
-type mdproxyProc struct {
-	cmd           *exec.Cmd
-	listen, admin string // host:port of the proxy and of its admin listener
-	log           *procLog
-	done          chan struct{} // closed once the process has exited and been waited for
-	waitErr       error         // cmd.Wait's error, set before done is closed
-
-	stopOnce sync.Once
-	stopped  string // how it ended, set by stop
-}
-
 // startMdproxy starts bin with the environment of this process without its MDPROXY_*
 // variables, then settings, then listen and admin addresses on free loopback ports and
-// upstream. It returns once mdproxy has logged "mdproxy serving" with its addresses;
-// on any failure the process has been stopped and waited for.
-func startMdproxy(ctx context.Context, bin, upstream string, settings []string) (*mdproxyProc, error) {
+// upstream, its output going to log. It returns once mdproxy has logged "mdproxy
+// serving" with its addresses; on any failure the process has been stopped and waited
+// for.
+func startMdproxy(ctx context.Context, bin, upstream string, settings []string, log *procLog) (*child.Proc, error) {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MDPROXY_") {
@@ -594,79 +505,26 @@ func startMdproxy(ctx context.Context, bin, upstream string, settings []string) 
 	env = append(env, settings...)
 	env = append(env, "MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL="+upstream)
-	cmd := exec.Command(bin)
-	cmd.Env = env
-	lg := &procLog{serving: make(chan [2]string, 1), byMsg: map[string]int{}}
-	cmd.Stdout, cmd.Stderr = lg, lg
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting mdproxy: %w", err)
-	}
-	p := &mdproxyProc{cmd: cmd, log: lg, done: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
-	timer := time.NewTimer(30 * time.Second)
-	defer timer.Stop()
-	select {
-	case a := <-lg.serving:
-		p.listen, p.admin = a[0], a[1]
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("mdproxy exited at start (%s): %s", p.stop(), lg.tail())
-	case <-timer.C:
-		return nil, fmt.Errorf("mdproxy did not log \"mdproxy serving\" within 30 s (%s): %s", p.stop(), lg.tail())
-	case <-ctx.Done():
-		p.stop()
-		return nil, ctx.Err()
-	}
+	return child.Start(ctx, bin, child.Options{Env: env, Ready: "mdproxy serving", Log: log, Name: "mdproxy"})
 }
 
-// exited reports whether the process has ended.
-func (p *mdproxyProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop ends the process, if it still runs, with SIGTERM, and with SIGKILL after 15 s,
+// stopMdproxy ends p, if it still runs, with SIGTERM, and with SIGKILL after 15 s,
 // waits for it and returns how it ended ("exit status 0" for a clean shutdown). Safe
-// to call more than once, not concurrently with startMdproxy.
-func (p *mdproxyProc) stop() string {
-	p.stopOnce.Do(func() {
-		if !p.exited() {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			t := time.NewTimer(15 * time.Second)
-			select {
-			case <-p.done:
-			case <-t.C:
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-			t.Stop()
-		}
-		p.stopped = "exit status 0"
-		if p.waitErr != nil {
-			p.stopped = p.waitErr.Error()
-		}
-	})
-	return p.stopped
+// to call more than once.
+func stopMdproxy(p *child.Proc) string {
+	if err := p.Stop(15 * time.Second); err != nil {
+		return err.Error()
+	}
+	return "exit status 0"
 }
 
-// procLog takes mdproxy's output: JSON log lines. It hands over the addresses of the
-// "mdproxy serving" line, counts WARN and ERROR lines by message and keeps the last
-// lines for error messages. Safe for concurrent use.
+// procLog takes mdproxy's output: JSON log lines. It counts WARN and ERROR lines by
+// message and keeps the last lines for error messages. Safe for concurrent use.
 type procLog struct {
 	mu      sync.Mutex
 	partial []byte
 	last    []string       // the last 10 lines
 	byMsg   map[string]int // "LEVEL msg", at most 50 keys
-	serving chan [2]string // listen and admin, sent once; capacity 1
-	served  bool
 }
 
 func (l *procLog) Write(p []byte) (int, error) {
@@ -695,17 +553,11 @@ func (l *procLog) line(s string) {
 	}
 	l.last = append(l.last, s)
 	var e struct {
-		Level  string `json:"level"`
-		Msg    string `json:"msg"`
-		Listen string `json:"listen"`
-		Admin  string `json:"admin"`
+		Level string `json:"level"`
+		Msg   string `json:"msg"`
 	}
 	if json.Unmarshal([]byte(s), &e) != nil {
 		return
-	}
-	if e.Msg == "mdproxy serving" && !l.served {
-		l.served = true
-		l.serving <- [2]string{e.Listen, e.Admin}
 	}
 	if e.Level == "WARN" || e.Level == "ERROR" {
 		k := e.Level + " " + e.Msg
@@ -780,391 +632,4 @@ func scrapeMdproxy(ctx context.Context, c *http.Client, url string) (SoakSample,
 		}
 	}
 	return s, nil
-}
-
-// soakLoad drives a SoakMix against mdproxy: one scheduler goroutine a kind of
-// request, each starting its requests at a steady rate in goroutines of their own.
-// Uploads and polls go through the benchmark client (runState).
-type soakLoad struct {
-	mix   SoakMix
-	addr  string // mdproxy's host:port, for raw connections
-	files []DataFile
-	tr    *http.Transport
-	rs    *runState
-
-	ctx      context.Context // the requests' context
-	cancel   context.CancelFunc
-	quit     chan struct{} // closed: schedulers start no more requests
-	sem      chan struct{}
-	sched    sync.WaitGroup
-	inflight sync.WaitGroup
-	n        atomic.Int64 // a counter for files, data_ids and apikeys
-	c        SoakClient   // updated atomically
-}
-
-func newSoakLoad(cfg SoakConfig, base, addr string) *soakLoad {
-	tr := &http.Transport{
-		MaxIdleConnsPerHost: cfg.Mix.MaxInFlight,
-		IdleConnTimeout:     90 * time.Second,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-	}
-	rs := &runState{client: &http.Client{Transport: tr}, bases: []string{base},
-		out: &Outcome{Speedup: 1}, byID: map[string]*Submission{}}
-	return &soakLoad{mix: cfg.Mix, addr: addr, files: cfg.Files, tr: tr, rs: rs,
-		quit: make(chan struct{}), sem: make(chan struct{}, max(1, cfg.Mix.MaxInFlight))}
-}
-
-// start starts the schedulers; requests end when ctx does.
-func (l *soakLoad) start(ctx context.Context) {
-	l.ctx, l.cancel = context.WithCancel(ctx)
-	for _, k := range []struct {
-		rate float64
-		do   func(context.Context)
-	}{
-		{l.mix.UploadsPerS, l.upload},
-		{l.mix.PollsPerS, l.poll},
-		{l.mix.CanceledPollsPerS, l.canceledPoll},
-		{l.mix.UnknownPollsPerS, l.unknownPoll},
-		{l.mix.AbortedUploadsPerS, l.abortedUpload},
-	} {
-		if k.rate > 0 {
-			l.sched.Add(1)
-			go l.every(time.Duration(float64(time.Second)/k.rate), k.do)
-		}
-	}
-}
-
-// stop stops the schedulers, waits for the requests in flight to end (each has its
-// own timeout) and closes the idle connections.
-func (l *soakLoad) stop() {
-	close(l.quit)
-	l.sched.Wait()
-	l.inflight.Wait()
-	l.cancel()
-	l.tr.CloseIdleConnections()
-}
-
-// counts returns the client's counts; call after stop.
-func (l *soakLoad) counts() SoakClient {
-	c := l.c
-	o := l.rs.out
-	c.Uploads, c.UploadsRefused = l.rs.submitted.Load(), o.SubmitRetries
-	c.Polls, c.PollsLimited, c.PollErrors = o.FetchOK, o.FetchErrors, o.FetchOther+c.PollErrors
-	return c
-}
-
-func (l *soakLoad) every(period time.Duration, do func(context.Context)) {
-	defer l.sched.Done()
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.quit:
-			return
-		case <-l.ctx.Done():
-			return
-		case <-t.C:
-		}
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			atomic.AddInt64(&l.c.Skipped, 1)
-			continue
-		}
-		l.inflight.Add(1)
-		go func() {
-			defer l.inflight.Done()
-			defer func() { <-l.sem }()
-			do(l.ctx)
-		}()
-	}
-}
-
-func (l *soakLoad) file() DataFile { return l.files[int(l.n.Add(1)-1)%len(l.files)] }
-
-func (l *soakLoad) apikey() string { return fmt.Sprintf("soak-client-%d", l.n.Add(1)) }
-
-// recentID returns one of the PollWindow most recent data_ids, in turn; "" before the
-// first submission.
-func (l *soakLoad) recentID() string {
-	l.rs.mu.Lock()
-	defer l.rs.mu.Unlock()
-	subs := l.rs.out.Submissions
-	win := min(len(subs), l.mix.PollWindow)
-	if win == 0 {
-		return ""
-	}
-	return subs[len(subs)-win+int(l.n.Add(1)%int64(win))].DataID
-}
-
-func (l *soakLoad) upload(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := l.rs.submit(ctx, l.rs.bases[0], l.file()); err != nil {
-		atomic.AddInt64(&l.c.UploadErrors, 1)
-	}
-}
-
-func (l *soakLoad) poll(ctx context.Context) {
-	id := l.recentID()
-	if id == "" {
-		return
-	}
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	l.rs.fetch(tctx, l.rs.bases[0], id)
-	if tctx.Err() != nil && ctx.Err() == nil {
-		atomic.AddInt64(&l.c.PollErrors, 1) // fetch does not count its own timeout
-	}
-}
-
-// get sends GET path with a new apikey within timeout and returns the status, the
-// body read and closed.
-func (l *soakLoad) get(ctx context.Context, path string, timeout time.Duration) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.rs.bases[0]+path, nil)
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("apikey", l.apikey())
-	resp, err := l.rs.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, err = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, err
-}
-
-func (l *soakLoad) canceledPoll(ctx context.Context) {
-	id := l.recentID()
-	if id == "" {
-		return
-	}
-	_, err := l.get(ctx, "/file/"+id, l.mix.CanceledPollTimeout)
-	switch {
-	case err == nil:
-		atomic.AddInt64(&l.c.CanceledPollsAnswered, 1)
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-		atomic.AddInt64(&l.c.CanceledPolls, 1)
-	case ctx.Err() == nil:
-		atomic.AddInt64(&l.c.PollErrors, 1)
-	}
-}
-
-func (l *soakLoad) unknownPoll(ctx context.Context) {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	code, err := l.get(ctx, "/file/"+hex.EncodeToString(b[:]), 30*time.Second)
-	switch {
-	case err == nil && code == http.StatusNotFound:
-		atomic.AddInt64(&l.c.UnknownPolls, 1)
-	case err == nil:
-		atomic.AddInt64(&l.c.UnknownPollsOther, 1)
-	case ctx.Err() == nil:
-		atomic.AddInt64(&l.c.PollErrors, 1)
-	}
-}
-
-// abortedUpload announces a file's Content-Length on a raw connection, sends half of
-// the file, waits AbortAfter and closes the connection.
-func (l *soakLoad) abortedUpload(ctx context.Context) {
-	f := l.file()
-	err := func() error {
-		fh, err := os.Open(f.Path)
-		if err != nil {
-			return err
-		}
-		defer fh.Close()
-		conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", l.addr)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := fmt.Fprintf(conn, "POST /file HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\nfilename: %s\r\nContent-Length: %d\r\n\r\n",
-			l.addr, f.Name, f.Size); err != nil {
-			return err
-		}
-		if _, err := io.CopyN(conn, fh, f.Size/2); err != nil {
-			return err
-		}
-		t := time.NewTimer(l.mix.AbortAfter)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		return nil
-	}()
-	switch {
-	case err == nil:
-		atomic.AddInt64(&l.c.AbortedUploads, 1)
-	case ctx.Err() == nil:
-		atomic.AddInt64(&l.c.UploadErrors, 1)
-	}
-}
-
-// soakKeys returns the "route code" keys of the samples' request counts, sorted.
-func soakKeys(samples []SoakSample) []string {
-	set := map[string]bool{}
-	for _, s := range samples {
-		for k := range s.Requests {
-			set[k] = true
-		}
-	}
-	return slices.Sorted(maps.Keys(set))
-}
-
-// soakRate is the rate of requests of key between samples a and b, per second.
-func soakRate(a, b SoakSample, key string) float64 {
-	if b.T <= a.T {
-		return 0
-	}
-	return (b.Requests[key] - a.Requests[key]) / (b.T - a.T)
-}
-
-// WriteSoakTable prints r's samples as a markdown table (mdproxy's requests by route
-// and code as rates over each interval), then the client's counts, mdproxy's warnings
-// and the verdict with each check.
-func WriteSoakTable(w io.Writer, r *SoakResult) {
-	keys := soakKeys(r.Samples)
-	round := time.Second // of the times: to the interval's precision
-	if r.IntervalS < 1 {
-		round = 10 * time.Millisecond
-	}
-	fmt.Fprint(w, "| t | phase | rss_MiB | heap_inuse_MiB | goroutines | open_fds |")
-	for _, k := range keys {
-		fmt.Fprintf(w, " %s /s |", k)
-	}
-	fmt.Fprint(w, "\n|---|---|---|---|---|---|")
-	fmt.Fprintln(w, strings.Repeat("---|", len(keys)))
-	for i, s := range r.Samples {
-		fmt.Fprintf(w, "| %v | %s | %.1f | %.1f | %.0f | %.0f |", time.Duration(s.T*float64(time.Second)).Round(round),
-			s.Phase, s.RSSBytes/(1<<20), s.HeapInuseBytes/(1<<20), s.Goroutines, s.OpenFDs)
-		for _, k := range keys {
-			if i == 0 || s.Phase != "load" {
-				fmt.Fprint(w, "  |")
-				continue
-			}
-			fmt.Fprintf(w, " %.1f |", soakRate(r.Samples[i-1], s, k))
-		}
-		fmt.Fprintln(w)
-	}
-	c := r.Client
-	fmt.Fprintf(w, "\nclients: %d uploads (%d refused with 503, %d failed), %d polls answered 200, %d limited (503), %d failed; "+
-		"%d polls canceled by their timeout (%d answered before it), %d unknown data_ids answered 404 (%d otherwise), %d uploads aborted midway, %d requests skipped\n",
-		c.Uploads, c.UploadsRefused, c.UploadErrors, c.Polls, c.PollsLimited, c.PollErrors,
-		c.CanceledPolls, c.CanceledPollsAnswered, c.UnknownPolls, c.UnknownPollsOther, c.AbortedUploads, c.Skipped)
-	fmt.Fprintf(w, "mdproxy: %s; settings %s\n", r.ProxyExit, strings.Join(r.ProxyEnv, " "))
-	for _, k := range slices.Sorted(maps.Keys(r.ProxyLog)) {
-		fmt.Fprintf(w, "mdproxy logged %d× %s\n", r.ProxyLog[k], k)
-	}
-	verdict := "flat"
-	if !r.Verdict.Flat {
-		verdict = "NOT flat"
-	}
-	fmt.Fprintf(w, "\nverdict: %s (load phase after a warm-up of %v, in thirds; idle against the baseline)\n",
-		verdict, time.Duration(r.WarmupS*float64(time.Second)))
-	if r.Verdict.Problem != "" {
-		fmt.Fprintf(w, "- %s\n", r.Verdict.Problem)
-	}
-	for _, ck := range r.Verdict.Checks {
-		f := func(v float64) string { return fmt.Sprintf("%.0f", v) }
-		if strings.HasSuffix(ck.Metric, "_bytes") {
-			f = func(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
-		}
-		ref, got := "first third", "last third"
-		if ck.Kind == "idle" {
-			ref, got = "baseline", "idle"
-		}
-		ok := "ok"
-		if !ck.OK {
-			ok = "GROWS"
-		}
-		fmt.Fprintf(w, "- %s %s: %s %s, %s %s, limit %s: %s\n", ck.Metric, ck.Kind, ref, f(ck.Ref), got, f(ck.Got), f(ck.Limit), ok)
-	}
-}
-
-// SoakChart draws r to path (.png or .svg), over minutes since the load started: RSS
-// and heap in use (MiB), goroutines and open file descriptors, and mdproxy's answers
-// a second by route and code over each interval of the load. A dashed line marks the
-// end of the warm-up.
-func SoakChart(path string, r *SoakResult) error {
-	series := func(get func(SoakSample) float64) plotter.XYs {
-		xy := make(plotter.XYs, len(r.Samples))
-		for i, s := range r.Samples {
-			xy[i].X, xy[i].Y = s.T/60, get(s)
-		}
-		return xy
-	}
-	verdict := "flat"
-	if !r.Verdict.Flat {
-		verdict = "NOT flat"
-	}
-	tmax := 0.0
-	if len(r.Samples) > 0 {
-		tmax = r.Samples[len(r.Samples)-1].T / 60
-	}
-	panel := func(title, ylabel string, names []string, data []plotter.XYs) (*plot.Plot, error) {
-		p := plot.New()
-		p.Title.Text = title
-		p.X.Label.Text = "minutes since the load started"
-		p.Y.Label.Text = ylabel
-		p.Y.Min = 0
-		ymax := 0.0
-		for i, xy := range data {
-			l, err := plotter.NewLine(xy)
-			if err != nil {
-				return nil, err
-			}
-			l.Color = plotutil.Color(i)
-			l.Width = vg.Points(1.5)
-			p.Add(l)
-			p.Legend.Add(names[i], l)
-			for _, pt := range xy {
-				ymax = math.Max(ymax, pt.Y)
-			}
-		}
-		warm, err := plotter.NewLine(plotter.XYs{{X: r.WarmupS / 60, Y: 0}, {X: r.WarmupS / 60, Y: ymax * 1.05}})
-		if err != nil {
-			return nil, err
-		}
-		warm.Color = color.Gray{Y: 128}
-		warm.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
-		p.Add(warm)
-		p.Legend.Add("end of the warm-up", warm)
-		p.Legend.Top = true
-		p.Legend.Left = true
-		p.Add(plotter.NewGrid())
-		// Room above the data for the legend; one time axis for every panel.
-		p.Y.Max = max(1, ymax) * (1.15 + 0.1*float64(len(names)+1))
-		p.X.Min, p.X.Max = 0, tmax
-		return p, nil
-	}
-	mem, err := panel("mdproxy's memory (soak: "+verdict+")", "MiB", []string{"resident (RSS)", "heap in use"},
-		[]plotter.XYs{series(func(s SoakSample) float64 { return s.RSSBytes / (1 << 20) }),
-			series(func(s SoakSample) float64 { return s.HeapInuseBytes / (1 << 20) })})
-	if err != nil {
-		return err
-	}
-	gor, err := panel("mdproxy's goroutines and open file descriptors", "count", []string{"goroutines", "open fds"},
-		[]plotter.XYs{series(func(s SoakSample) float64 { return s.Goroutines }),
-			series(func(s SoakSample) float64 { return s.OpenFDs })})
-	if err != nil {
-		return err
-	}
-	keys := soakKeys(r.Samples)
-	rates := make([]plotter.XYs, len(keys))
-	for k, key := range keys {
-		for i := 1; i < len(r.Samples) && r.Samples[i].Phase == "load"; i++ {
-			rates[k] = append(rates[k], plotter.XY{X: r.Samples[i].T / 60, Y: soakRate(r.Samples[i-1], r.Samples[i], key)})
-		}
-	}
-	req, err := panel("mdproxy's answers by route and code", "per second", keys, rates)
-	if err != nil {
-		return err
-	}
-	return writeStacked(path, 8*vg.Inch, 11*vg.Inch, mem, gor, req)
 }

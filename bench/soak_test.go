@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
 )
 
 func TestJudgeSoak(t *testing.T) {
@@ -162,13 +163,7 @@ func TestSoakRefusesBadStarts(t *testing.T) {
 // reaches both routes and the limit answer, mdproxy's goroutines come back to their
 // baseline when idle and it shuts down cleanly; the table, JSON and chart are written.
 func TestSoakShort(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds mdproxy and runs it for a few seconds")
-	}
-	bin, err := BuildMdproxy(context.Background(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := bintest.Build(t, bintest.Module+"/cmd/mdproxy") // skips in -short mode
 	files, err := LoadOrGenerate(t.TempDir(), smallSpec)
 	if err != nil {
 		t.Fatal(err)

@@ -2,19 +2,17 @@ package bridge
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 func TestIsFinal(t *testing.T) {
@@ -98,7 +96,8 @@ func TestInProgress(t *testing.T) {
 // coresimRig is coresim on loopback, its virtual time driven fast, with a bridge whose
 // callback listener is on loopback too.
 type coresimRig struct {
-	core     *httptest.Server
+	core     *coresim.Server
+	client   *http.Client // to Core
 	listener *httptest.Server
 	b        *Bridge
 	store    *MemoryStore
@@ -106,28 +105,14 @@ type coresimRig struct {
 
 func newCoresimRig(t *testing.T) *coresimRig {
 	t.Helper()
-	cfg := coresim.DefaultConfig()
-	cfg.Speedup = 200 // a small file's scan and the request latency take a few ms
-	sim, err := coresim.New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatalf("coresim.New = %v", err)
-	}
-	core := httptest.NewServer(sim.Handler())
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { sim.Run(ctx, true) })
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		core.Close()
-	})
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
 
 	store, err := NewMemoryStore(16<<20, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	r := &coresimRig{core: core, store: store}
+	r := &coresimRig{core: core, client: sidecartest.NewClient(t), store: store}
 	r.listener = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.b.Handler().ServeHTTP(w, req)
 	}))
@@ -153,7 +138,7 @@ func (r *coresimRig) submit(t *testing.T, name string, content []byte, owner Own
 	}
 	req.Header.Set("filename", name)
 	req.Header.Set("callbackurl", cb)
-	resp, err := r.core.Client().Do(req)
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatalf("POST /file: %v", err)
 	}
@@ -171,7 +156,7 @@ func (r *coresimRig) submit(t *testing.T, name string, content []byte, owner Own
 // fetch is GET /file/{dataID} from coresim.
 func (r *coresimRig) fetch(t *testing.T, dataID string) ([]byte, string) {
 	t.Helper()
-	resp, err := r.core.Client().Get(r.core.URL + "/file/" + dataID)
+	resp, err := r.client.Get(r.core.URL + "/file/" + dataID)
 	if err != nil {
 		t.Fatalf("GET /file/%s: %v", dataID, err)
 	}
@@ -264,7 +249,7 @@ func TestCoresimCallbacks(t *testing.T) {
 func TestCoresimObserve(t *testing.T) {
 	r := newCoresimRig(t)
 	req, _ := http.NewRequest(http.MethodPost, r.core.URL+"/file", strings.NewReader("no callback\n"))
-	resp, err := r.core.Client().Do(req)
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

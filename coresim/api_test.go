@@ -482,7 +482,7 @@ func TestAPIPollCost(t *testing.T) {
 	// The poll is booked but not served: it cannot have answered.
 	answered := make(chan int, 1)
 	go func() {
-		resp, err := h.srv.Client().Get(h.srv.URL + "/file/" + id)
+		resp, err := h.c.Get(h.srv.URL + "/file/" + id)
 		if err != nil {
 			answered <- -1
 			return

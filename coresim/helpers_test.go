@@ -28,7 +28,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // The test helpers of package coresim, all of them: the emulators under test and the
@@ -43,43 +44,46 @@ import (
 // virtual time itself while a request waits on the model, and checks every exchange
 // against the contract.
 
-// rig is an emulator under test: its API served by an httptest server, its callback
-// workers running (Run without driving), its model advanced by hand.
+// rig is an emulator under test: its API served through Start, its callback workers
+// running, its model advanced by hand (StartOptions.ManualTime).
 type rig struct {
 	t   *testing.T
 	sim *Sim
 	reg *prometheus.Registry
-	srv *httptest.Server
+	srv *Server
 	c   *http.Client
 	// ctx ends when the test does: requests still waiting for core time give up, so
 	// that the server can close.
 	ctx context.Context
 }
 
+// startManual starts an emulator for cfg on a free loopback port, without an admin
+// listener, its virtual time moved by hand, with its metrics on reg (nil: a registry
+// of its own); cleanup stops it.
+func startManual(t *testing.T, cfg Config, reg *prometheus.Registry) *Server {
+	t.Helper()
+	cfg.ListenAddr, cfg.AdminAddr = "127.0.0.1:0", ""
+	srv, err := Start(cfg, StartOptions{Registry: reg, ManualTime: true})
+	if err != nil {
+		t.Fatalf("Start(cfg) = %v, want no error", err)
+	}
+	t.Cleanup(srv.Close) // last: once the requests in flight gave up
+	return srv
+}
+
 // newRig starts an emulator for cfg and stops it when the test ends.
 func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	sim, err := New(cfg, reg)
-	if err != nil {
-		t.Fatalf("New(cfg) = %v, want no error", err)
-	}
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(srv.Close) // last: once the requests in flight gave up
+	srv := startManual(t, cfg, reg)
 	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		sim.Run(ctx, false)
-	}()
+	// Keep the connections of concurrent pollers for their next round.
+	tr := &http.Transport{MaxIdleConnsPerHost: 512}
 	t.Cleanup(func() {
 		cancel()
-		<-ran
+		tr.CloseIdleConnections()
 	})
-	c := srv.Client()
-	// Keep the connections of concurrent pollers for their next round.
-	c.Transport.(*http.Transport).MaxIdleConnsPerHost = 512
-	return &rig{t: t, sim: sim, reg: reg, srv: srv, c: c, ctx: ctx}
+	return &rig{t: t, sim: srv.Sim, reg: reg, srv: srv, c: &http.Client{Transport: tr}, ctx: ctx}
 }
 
 // rigConfig is the default configuration with answers that cost no core time and no
@@ -211,12 +215,13 @@ func (r *rig) awaitAnswer(ch <-chan rigResponse, booked int, step time.Duration)
 	return resp
 }
 
-// apiHarness is an emulator behind an httptest server whose virtual time the test
-// drives by hand (Sim.advance): Run delivers callbacks only. Every answer goes through
-// the contract check.
+// apiHarness is an emulator served through Start whose virtual time the test drives
+// by hand (Sim.advance): Run delivers callbacks only. Every answer goes through the
+// contract check.
 type apiHarness struct {
 	sim *Sim
-	srv *httptest.Server
+	srv *Server
+	c   *http.Client
 	// step is the virtual time advanced at a time while a request waits for its core
 	// time (result polls, hash look-ups, batch status).
 	step time.Duration
@@ -235,24 +240,11 @@ func newAPIHarness(t *testing.T, tune func(*Config)) *apiHarness {
 	if tune != nil {
 		tune(&cfg)
 	}
-	sim, err := New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatalf("New(cfg) error = %v, want nil", err)
-	}
-	srv := httptest.NewServer(sim.Handler())
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		sim.Run(ctx, false)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-ran
-		srv.CloseClientConnections() // ends a poll still waiting for core time
-		srv.Close()
-	})
-	return &apiHarness{sim: sim, srv: srv, step: time.Millisecond}
+	// Closing the server ends a poll still waiting for core time.
+	srv := startManual(t, cfg, nil)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &apiHarness{sim: srv.Sim, srv: srv, c: &http.Client{Transport: tr}, step: time.Millisecond}
 }
 
 // apiCall is one request to the emulator.
@@ -315,7 +307,7 @@ func (h *apiHarness) do(t *testing.T, c apiCall) apiResp {
 	}
 	got := make(chan result, 1)
 	go func() {
-		resp, err := h.srv.Client().Do(req)
+		resp, err := h.c.Do(req)
 		if err != nil {
 			got <- result{err: err}
 			return
@@ -438,9 +430,9 @@ func (r apiResp) errMsg() string {
 // against the spec like apiHarness.do does.
 func rawExchange(t *testing.T, h *apiHarness, method, path, raw string) apiResp {
 	t.Helper()
-	conn, err := net.Dial("tcp", h.srv.Listener.Addr().String())
+	conn, err := net.Dial("tcp", h.srv.API.String())
 	if err != nil {
-		t.Fatalf("net.Dial(%s) error = %v, want nil", h.srv.Listener.Addr(), err)
+		t.Fatalf("net.Dial(%s) error = %v, want nil", h.srv.API, err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // real time: a hung server fails the test
@@ -685,46 +677,20 @@ type webhookStatus struct {
 
 // Metric reads.
 
-// metric returns the value of the counter or gauge name with the given label pairs as
-// the registry exports it, as a scrape sees it; it fails the test when no series has
-// them. Where a test holds the collector, a counter of Sim.m, it reads it with
-// testutil.ToFloat64 instead. metric is hand-written for what testutil cannot express:
-// the emulator's gauges and coresim_core_seconds_total are GaugeFunc and CounterFunc
-// collectors that newSimMetrics registers without keeping (ToFloat64 needs the
-// collector), a read through WithLabelValues would create the very series whose export
-// TestMetrics checks, and testutil.GatherAndCompare compares exact text where
-// core-seconds are compared but for rounding (modelNear).
+// metric returns the value of the one series of name with the given label pairs as
+// the registry exports it, as a scrape sees it; it fails the test unless exactly one
+// series has them. Where a test holds the collector, a counter of Sim.m, it reads it
+// with testutil.ToFloat64 instead; the emulator's gauges and
+// coresim_core_seconds_total are GaugeFunc and CounterFunc collectors that
+// newSimMetrics registers without keeping, and a read through WithLabelValues would
+// create the very series whose export TestMetrics checks.
 func (r *rig) metric(name string, labels ...string) float64 {
 	r.t.Helper()
-	families, err := r.reg.Gather()
-	if err != nil {
-		r.t.Fatalf("Gather() = %v", err)
+	v, n := sidecartest.Gather(r.t, r.reg).Sum(name, labels...)
+	if n != 1 {
+		r.t.Fatalf("metric %s%v: %d series, want 1", name, labels, n)
 	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if got[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			switch f.GetType() {
-			case dto.MetricType_COUNTER:
-				return m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	r.t.Fatalf("metric %s%v not exported", name, labels)
-	return 0
+	return v
 }
 
 // Bodies.

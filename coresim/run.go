@@ -3,17 +3,13 @@ package coresim
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
 )
@@ -40,66 +36,25 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	sim, err := New(cfg, reg)
+	srv, err := Start(cfg, StartOptions{Registry: reg})
 	if err != nil {
 		return err
 	}
-
-	var lc net.ListenConfig
-	l, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listening on CORESIM_LISTEN_ADDR: %w", err)
-	}
-	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	servers := []*http.Server{srv}
-	listeners := []net.Listener{l}
-	var adminAddr net.Addr
-	if cfg.AdminAddr != "" {
-		al, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
-		if err != nil {
-			l.Close()
-			return fmt.Errorf("listening on CORESIM_ADMIN_ADDR: %w", err)
-		}
-		adminAddr = al.Addr()
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
-		listeners = append(listeners, al)
-	}
-
-	simCtx, stopSim := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sim.Run(simCtx, true)
-	}()
-	errc := make(chan error, len(servers))
-	for i, s := range servers {
-		go func() { errc <- s.Serve(listeners[i]) }()
-	}
 	admin := ""
-	if adminAddr != nil {
-		admin = adminAddr.String()
+	if srv.Admin != nil {
+		admin = srv.Admin.String()
 	}
-	log.Info("coresim serving", "listen", l.Addr().String(), "admin", admin, "cores", cfg.Cores,
+	log.Info("coresim serving", "listen", srv.API.String(), "admin", admin, "cores", cfg.Cores,
 		"speedup", cfg.Speedup, "fetch_limit", cfg.FetchLimit, "queue_size", cfg.QueueSize)
 	if started != nil {
-		started(l.Addr(), adminAddr)
+		started(srv.API, srv.Admin)
 	}
 	var serveErr error
 	select {
 	case <-ctx.Done():
-	case serveErr = <-errc:
+	case serveErr = <-srv.Err():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, s := range servers {
-		_ = s.Shutdown(sctx)
-		s.Close()
-	}
-	stopSim()
-	wg.Wait()
+	srv.Close()
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,25 +13,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/internal/child"
 	"github.com/mdproxy/mdproxy/internal/redistest"
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
-
-// goBin is the go command of the toolchain running the test.
-func goBin() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
-		return p
-	}
-	return "go"
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // freeAddr returns a loopback address with a port free at the time of the call.
 func freeAddr(t *testing.T) string {
@@ -43,64 +34,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// proc is a binary started by the test; its stderr (JSON logs) is kept.
-type proc struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs []string
-	addr chan map[string]any // the first log line with a "listen" address
-}
-
-func start(t *testing.T, ctx context.Context, bin string, env []string, args ...string) *proc {
-	t.Helper()
-	p := &proc{cmd: exec.CommandContext(ctx, bin, args...), addr: make(chan map[string]any, 1)}
-	p.cmd.Env = append(os.Environ(), env...)
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(stderr)
-		sent := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs = append(p.logs, line)
-			p.mu.Unlock()
-			var m map[string]any
-			if !sent && json.Unmarshal([]byte(line), &m) == nil && m["listen"] != nil {
-				p.addr <- m
-				sent = true
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		_ = p.cmd.Wait()
-		<-done
-	})
-	return p
-}
-
-// waitAddr returns the serving log line's fields.
-func (p *proc) waitAddr(t *testing.T) map[string]any {
-	t.Helper()
-	select {
-	case m := <-p.addr:
-		return m
-	case <-time.After(30 * time.Second):
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		t.Fatalf("%s did not log its address; logs:\n%s", p.cmd.Path, strings.Join(p.logs, "\n"))
-	}
-	return nil
 }
 
 // promQuery runs an instant query and returns the number of series or samples.
@@ -149,10 +82,9 @@ func TestAgainstPrometheus(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir := t.TempDir()
-	build := exec.Command(goBin(), "build", "-o", dir+string(os.PathSeparator), "../cmd/coresim", "../cmd/mdproxy", "../cmd/mdbench")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	coresimBin := bintest.Build(t, bintest.Module+"/cmd/coresim")
+	mdproxyBin := bintest.Build(t, bintest.Module+"/cmd/mdproxy")
+	mdbenchBin := bintest.Build(t, bintest.Module+"/cmd/mdbench")
 
 	// The emulator at 60× with a small scan queue, so that Core's own 503 (queue full)
 	// shows; mdproxy with limits scaled by 60 and a maximum wait, and with the bridge on
@@ -161,25 +93,24 @@ func TestAgainstPrometheus(t *testing.T) {
 	// the listener). The bridge answers the polls of those submissions without the
 	// limiter, so that their fetch error rate is 0.
 	const speedup = "60"
-	core := start(t, ctx, filepath.Join(dir, "coresim"), []string{
-		"CORESIM_LISTEN_ADDR=127.0.0.1:0", "CORESIM_ADMIN_ADDR=127.0.0.1:0",
-		"CORESIM_SPEEDUP=" + speedup, "CORESIM_TICK=1ms", "CORESIM_QUEUE_SIZE=60",
-	}).waitAddr(t)
+	core := bintest.Start(t, coresimBin, map[string]string{
+		"CORESIM_LISTEN_ADDR": "127.0.0.1:0", "CORESIM_ADMIN_ADDR": "127.0.0.1:0",
+		"CORESIM_SPEEDUP": speedup, "CORESIM_TICK": "1ms", "CORESIM_QUEUE_SIZE": "60",
+	}, child.Options{Ready: "coresim serving"})
 	// mdproxy shares its limits and results on a real Redis, so that the dashboard's
 	// Redis panels and rules have data too.
 	redis := redistest.Start(t)
-	proxy := start(t, ctx, filepath.Join(dir, "mdproxy"), []string{
-		"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
-		"MDPROXY_UPSTREAM_URL=http://" + core["listen"].(string),
-		"MDPROXY_REDIS_URL=" + redis.URL(),
-		"MDPROXY_FILE_RESULT_RATE=300", "MDPROXY_FILE_RESULT_BURST=50", "MDPROXY_FILE_RESULT_MAX_WAIT=20ms",
-		"MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0",
-	}).waitAddr(t)
-	proxyURL, proxyAdmin := "http://"+proxy["listen"].(string), proxy["admin"].(string)
+	proxy := bintest.Start(t, mdproxyBin, map[string]string{
+		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
+		"MDPROXY_UPSTREAM_URL":     "http://" + core.Field("listen"),
+		"MDPROXY_REDIS_URL":        redis.URL(),
+		"MDPROXY_FILE_RESULT_RATE": "300", "MDPROXY_FILE_RESULT_BURST": "50", "MDPROXY_FILE_RESULT_MAX_WAIT": "20ms",
+	}, child.Options{Ready: "mdproxy serving"})
+	proxyURL, proxyAdmin := "http://"+proxy.Field("listen"), proxy.Field("admin")
 	// Issue 13: series are created when a route is first used or is limited, so a
 	// fresh mdproxy exports at most a third of the 1087 it exported when every route's
 	// series were made at start.
-	atStart := countSeries(t, proxyAdmin)
+	atStart := len(sidecartest.ScrapeMetrics(t, nil, "http://"+proxyAdmin+"/metrics"))
 	if atStart > 1087/3 {
 		t.Errorf("mdproxy exports %d series at start, want at most %d (a third of 1087)", atStart, 1087/3)
 	}
@@ -193,7 +124,7 @@ scrape_configs:
     static_configs: [{targets: [%q]}]
   - job_name: coresim
     static_configs: [{targets: [%q]}]
-`, filepath.Join(rules, "recording.yml"), filepath.Join(rules, "alerts.yml"), proxyAdmin, core["admin"].(string))
+`, filepath.Join(rules, "recording.yml"), filepath.Join(rules, "alerts.yml"), proxyAdmin, core.Field("admin"))
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -226,14 +157,22 @@ scrape_configs:
 	// limits apply; bridged, so Core's callbacks reach mdproxy and polls are answered
 	// from its store) and callbacks of the client's own (Webhook, not bridged); plus a
 	// few clients that go away (499).
-	bench := exec.CommandContext(ctx, filepath.Join(dir, "mdbench"), "--quick", "--core-url", proxyURL,
-		"--speedup", speedup, "--scenarios", "No-limit,Webhook", "--callback-addr", "127.0.0.1:0",
-		"--data-dir", filepath.Join(dir, "data"))
-	out, err := bench.CombinedOutput()
+	var out bytes.Buffer
+	bench, err := child.Start(ctx, mdbenchBin, child.Options{
+		Args: []string{"--quick", "--core-url", proxyURL, "--speedup", speedup, "--scenarios", "No-limit,Webhook",
+			"--callback-addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data")},
+		Env: os.Environ(),
+		Log: &out,
+	})
 	if err != nil {
-		t.Fatalf("mdbench: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	t.Logf("mdbench:\n%s", out)
+	t.Cleanup(func() { _ = bench.Stop(sidecartest.Safety) })
+	<-bench.Done()
+	if err := bench.Err(); err != nil {
+		t.Fatalf("mdbench: %v\n%s", err, out.String())
+	}
+	t.Logf("mdbench:\n%s", out.String())
 	// Clients that go away while Core answers (499, kind canceled). Whether a client with
 	// a short timeout leaves while Core answers, or before its request reached mdproxy,
 	// or after the answer, is timing: clients with timeouts of 1 to 8 ms come until
@@ -245,7 +184,8 @@ scrape_configs:
 				resp.Body.Close()
 			}
 		}
-		return hasMetric(t, proxyAdmin, "mdproxy_upstream_errors_total", "")
+		_, n := sidecartest.ScrapeMetrics(t, nil, "http://"+proxyAdmin+"/metrics").Sum("mdproxy_upstream_errors_total")
+		return n > 0
 	})
 
 	// Core's own 503 (its scan queue full): the data set's Office files (.docx, .xlsx,
@@ -270,7 +210,8 @@ scrape_configs:
 			})
 		}
 		wg.Wait()
-		return hasMetric(t, proxyAdmin, "mdproxy_upstream_responses_total", `code="503"`)
+		_, n := sidecartest.ScrapeMetrics(t, nil, "http://"+proxyAdmin+"/metrics").Sum("mdproxy_upstream_responses_total", "code", "503")
+		return n > 0
 	})
 
 	// Every panel, the bridge's use and every recording rule have data once Prometheus
@@ -340,7 +281,7 @@ scrape_configs:
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	t.Logf("mdproxy's series: %d at start, %d after the run", atStart, countSeries(t, proxyAdmin))
+	t.Logf("mdproxy's series: %d at start, %d after the run", atStart, len(sidecartest.ScrapeMetrics(t, nil, "http://"+proxyAdmin+"/metrics")))
 	exported := map[string]bool{}
 	for _, line := range strings.Split(string(body), "\n") {
 		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
@@ -393,46 +334,4 @@ func promQueryData(t *testing.T, base, q string) (n int, err error) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// hasMetric reports whether the /metrics page at admin has a sample of the metric name
-// whose labels contain label ("" for any).
-func hasMetric(t *testing.T, admin, name, label string) bool {
-	t.Helper()
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if (strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ")) && strings.Contains(line, label) {
-			return true
-		}
-	}
-	return false
-}
-
-// countSeries returns the number of samples (series) of the /metrics page at admin.
-func countSeries(t *testing.T, admin string) int {
-	t.Helper()
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(body), "\n") {
-		if line != "" && !strings.HasPrefix(line, "#") {
-			n++
-		}
-	}
-	return n
 }

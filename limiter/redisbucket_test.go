@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mdproxy/mdproxy/internal/redistest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // The tests of RedisBucket run against a real redis-server (internal/redistest): the

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mdproxy/mdproxy/internal/redistest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // Issue 29: a key that Redis loses (evicted under maxmemory, flushed) is restored from

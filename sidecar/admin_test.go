@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/proxy"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 func TestRunConfigEndpoint(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/proxy"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 func TestLoadConfigDefaults(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/time/rate"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: a server, a

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/internal/envconf"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 // writeLimits writes content to the file name in dir and returns its path.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // reloadWithin bounds a test's wait for a change of the limits file to be in force:
@@ -35,7 +35,7 @@ func (in *instance) metric(t *testing.T, series string) float64 {
 	if code != http.StatusOK {
 		t.Fatalf("GET admin /metrics = %d, want 200", code)
 	}
-	v, _ := sidecartest.MetricValue(page, series)
+	v, _ := sidecartest.ParseMetrics(t, page).Value(series)
 	return v
 }
 

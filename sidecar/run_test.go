@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/metrics"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
 )
 
 func TestRunServes(t *testing.T) {
@@ -68,7 +68,7 @@ func TestRunServes(t *testing.T) {
 		`mdproxy_limit_rate_requests_per_second{route="file_result"}`:         10,
 		`mdproxy_limit_burst_requests{route="batch_status"}`:                  4,
 	} {
-		if got, ok := sidecartest.MetricValue(page, series); !ok || got != want {
+		if got, ok := sidecartest.ParseMetrics(t, page).Value(series); !ok || got != want {
 			t.Errorf("admin /metrics %s = %v (found %v), want %v", series, got, ok, want)
 		}
 	}
@@ -78,7 +78,7 @@ func TestRunServes(t *testing.T) {
 		`mdproxy_limit_rate_requests_per_second{route="submit"}`,
 		`mdproxy_requests_total{code="200",method="GET",route="version"}`,
 	} {
-		if got, ok := sidecartest.MetricValue(page, series); ok {
+		if got, ok := sidecartest.ParseMetrics(t, page).Value(series); ok {
 			t.Errorf("admin /metrics has %s = %v, want no such series", series, got)
 		}
 	}
@@ -285,7 +285,7 @@ func TestRunSlowUploadNotCut(t *testing.T) {
 
 	_, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 	series := `mdproxy_request_body_bytes_total{route="submit"}`
-	if got, ok := sidecartest.MetricValue(page, series); !ok || got != size {
+	if got, ok := sidecartest.ParseMetrics(t, page).Value(series); !ok || got != size {
 		t.Errorf("admin /metrics %s = %v (found %v), want %d", series, got, ok, size)
 	}
 	if err := in.stop(t); err != nil {
@@ -316,7 +316,7 @@ func TestLongUpload300MiB(t *testing.T) {
 
 	_, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 	series := `mdproxy_request_body_bytes_total{route="submit"}`
-	if got, ok := sidecartest.MetricValue(page, series); !ok || got != size {
+	if got, ok := sidecartest.ParseMetrics(t, page).Value(series); !ok || got != size {
 		t.Errorf("admin /metrics %s = %v (found %v), want %d", series, got, ok, size)
 	}
 	if err := in.stop(t); err != nil {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // TestRunClientTimeouts: MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT hold on

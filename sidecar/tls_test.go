@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 func TestLoadConfigTLSValid(t *testing.T) {
@@ -384,7 +384,7 @@ func TestRunTLSToUpstream(t *testing.T) {
 			_, page := sidecartest.Get(t, c, in.adminURL+"/metrics")
 			var upstreamErrors float64
 			for _, kind := range []string{"refused", "reset", "timeout", "canceled", "other"} {
-				v, _ := sidecartest.MetricValue(page, `mdproxy_upstream_errors_total{kind="`+kind+`",route="file_result"}`)
+				v, _ := sidecartest.ParseMetrics(t, page).Value(`mdproxy_upstream_errors_total{kind="` + kind + `",route="file_result"}`)
 				upstreamErrors += v
 			}
 			if err := in.stop(t); err != nil {

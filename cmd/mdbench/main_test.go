@@ -6,18 +6,20 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { bintest.RemoveBuilt() }))
+}
 
 // safety bounds a run that only a broken check would let start.
 const safety = 60 * time.Second
@@ -155,20 +157,8 @@ func TestGoodFlags(t *testing.T) {
 // TestBinary runs the built mdbench as an operator would: a bad flag exits 2 with the
 // flag named on stderr, before anything runs.
 func TestBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Skipf("no go command to build mdbench: %v", err)
-		}
-	}
+	bin := bintest.Build(t, bintest.Module+"/cmd/mdbench")
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "mdbench")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	missing := filepath.Join(dir, "nonexistent", "x.csv")
 	for _, tc := range []struct {
 		args []string
@@ -180,25 +170,14 @@ func TestBinary(t *testing.T) {
 		{[]string{"--chart", filepath.Join(dir, "c.gif")}, []string{"--chart"}},
 		{[]string{"--json", filepath.Join(dir, "nonexistent", "out.json")}, []string{"--json"}},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), safety)
-		defer cancel()
 		dataDir := filepath.Join(dir, "data")
-		cmd := exec.CommandContext(ctx, bin, append([]string{"--quick", "--scenarios", "No-limit", "--data-dir", dataDir}, tc.args...)...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		code := 0
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("running mdbench %q: %v", tc.args, err)
-		}
-		if code != 2 {
-			t.Errorf("mdbench %q exit code = %d, want 2; stderr:\n%s", tc.args, code, stderr.String())
+		res := bintest.Run(t, bin, nil, append([]string{"--quick", "--scenarios", "No-limit", "--data-dir", dataDir}, tc.args...)...)
+		if res.Code != 2 {
+			t.Errorf("mdbench %q exit code = %d, want 2; stderr:\n%s", tc.args, res.Code, res.Stderr)
 		}
 		for _, want := range tc.want {
-			if !strings.Contains(stderr.String(), want) {
-				t.Errorf("mdbench %q stderr = %q, want it to contain %q", tc.args, stderr.String(), want)
+			if !strings.Contains(res.Stderr, want) {
+				t.Errorf("mdbench %q stderr = %q, want it to contain %q", tc.args, res.Stderr, want)
 			}
 		}
 		if _, err := os.Stat(dataDir); !errors.Is(err, os.ErrNotExist) {

@@ -1,88 +1,42 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"sync"
 	"syscall"
 	"testing"
-	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/child"
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // The black-box tests run the built mdproxy binary, as an operator would, against
-// upstreams on loopback. The binary is built once per test binary run.
-var built struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
-	out  []byte
-}
-
-// sharedBinary returns the path of mdproxy built once for the whole package run; the
-// directory is removed by TestMain. It skips t in -short mode.
-func sharedBinary(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	built.once.Do(func() {
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			if goBin, err = exec.LookPath("go"); err != nil {
-				built.err = err
-				return
-			}
-		}
-		if built.dir, built.err = os.MkdirTemp("", "mdproxy-bin-"); built.err != nil {
-			return
-		}
-		built.path = filepath.Join(built.dir, "mdproxy")
-		built.out, built.err = exec.Command(goBin, "build", "-o", built.path, ".").CombinedOutput()
-	})
-	if built.err != nil {
-		t.Fatalf("go build: %v\n%s", built.err, built.out)
-	}
-	return built.path
-}
-
-// removeSharedBinary removes what sharedBinary built; TestMain calls it.
-func removeSharedBinary() {
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
-}
+// upstreams on loopback. The binary is built once per test binary run (bintest).
 
 // proc is one mdproxy process started by startBinary.
 type proc struct {
-	cmd                *exec.Cmd
+	*bintest.Proc
 	proxyAddr          string // host:port of the proxy listener
 	proxyURL, adminURL string
-	logs               *sidecartest.LogBuffer // every line the process wrote on stderr
-	exited             chan struct{}
-	exitErr            error // Wait's result, once exited is closed
+	logs               *sidecartest.LogBuffer // every line the process wrote
+	exited             <-chan struct{}        // closed once the process exited
 }
 
 // startBinary starts the mdproxy binary with env (plus loopback listen addresses on
-// free ports unless env sets them, and MDPROXY_UPSTREAM_URL=upstreamURL when not empty),
-// and returns once its "mdproxy serving" line was logged. Cleanup sends SIGKILL if the
-// process still runs and waits for it.
+// free ports and MDPROXY_SHUTDOWN_DELAY=0s unless env sets them, and
+// MDPROXY_UPSTREAM_URL=upstreamURL when not empty), and returns once its "mdproxy
+// serving" line was logged. Cleanup stops the process (SIGTERM) and waits for it. It
+// skips t in -short mode.
 func startBinary(t *testing.T, upstreamURL string, env map[string]string) *proc {
 	t.Helper()
-	bin := sharedBinary(t)
+	bin := bintest.Build(t, bintest.Module+"/cmd/mdproxy")
 	environ := map[string]string{
 		"MDPROXY_LISTEN_ADDR":        "127.0.0.1:0",
 		"MDPROXY_ADMIN_ADDR":         "127.0.0.1:0",
 		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
+		"MDPROXY_SHUTDOWN_DELAY":     "0s", // no load balancer to warn at cleanup
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL
@@ -90,75 +44,18 @@ func startBinary(t *testing.T, upstreamURL string, env map[string]string) *proc 
 	for k, v := range env {
 		environ[k] = v
 	}
-	cmd := exec.Command(bin)
-	for k, v := range environ {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting mdproxy: %v", err)
-	}
-	p := &proc{cmd: cmd, logs: &sidecartest.LogBuffer{}, exited: make(chan struct{})}
-	serving := make(chan struct{ Listen, Admin string }, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			var rec struct{ Msg, Listen, Admin string }
-			if json.Unmarshal(line, &rec) == nil && rec.Msg == "mdproxy serving" {
-				serving <- struct{ Listen, Admin string }{rec.Listen, rec.Admin}
-			}
-			_, _ = p.logs.Write(append(append([]byte(nil), line...), '\n'))
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		p.exitErr = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	select {
-	case a := <-serving:
-		p.proxyAddr = a.Listen
-		p.proxyURL = "http://" + a.Listen
-		p.adminURL = "http://" + a.Admin
-	case <-p.exited:
-		t.Fatalf("mdproxy exited before serving: %v; stderr:\n%s", p.exitErr, p.logs.String())
-	case <-time.After(safety):
-		t.Fatalf("mdproxy did not log %q within %v; stderr:\n%s", "mdproxy serving", safety, p.logs.String())
-	}
-	return p
+	bp := bintest.Start(t, bin, environ, child.Options{Ready: "mdproxy serving"})
+	listen := bp.Field("listen")
+	return &proc{Proc: bp, proxyAddr: listen, proxyURL: "http://" + listen,
+		adminURL: "http://" + bp.Field("admin"), logs: bp.Logs, exited: bp.Done()}
 }
 
 // signal sends sig to the process.
-func (p *proc) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %v: %v", sig, err)
-	}
-}
+func (p *proc) signal(t *testing.T, sig syscall.Signal) { t.Helper(); p.Send(t, sig) }
 
 // wait returns the process's exit code once it exited, failing t after the safety
 // bound.
-func (p *proc) wait(t *testing.T) int {
-	t.Helper()
-	select {
-	case <-p.exited:
-		return exitCode(t, p.exitErr)
-	case <-time.After(safety):
-		t.Fatalf("mdproxy did not exit within %v", safety)
-		return -1
-	}
-}
+func (p *proc) wait(t *testing.T) int { t.Helper(); return p.Wait(t) }
 
 // metrics returns the body of the process's /metrics.
 func (p *proc) metrics(t *testing.T) string {
@@ -184,6 +81,6 @@ func (p *proc) metrics(t *testing.T) string {
 // in the process's /metrics, 0 when absent.
 func (p *proc) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	v, _ := sidecartest.MetricValue(p.metrics(t), series)
+	v, _ := sidecartest.ParseMetrics(t, p.metrics(t)).Value(series)
 	return v
 }

@@ -4,62 +4,18 @@ package main
 // which really delivers its callbacks to the binary's callback listener.
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/mdproxy/mdproxy/coresim"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
-
-// emulatedCore is coresim on a loopback server, its model running at speedup, with a
-// count of the result polls that reached it.
-type emulatedCore struct {
-	url      string
-	polls    atomic.Int64 // GET /file/{data_id} answered by Core
-	requests atomic.Int64 // every request that reached Core
-}
-
-// startCore starts coresim with cfg (Speedup and what the test sets) until cleanup.
-func startCore(t *testing.T, cfg coresim.Config) *emulatedCore {
-	t.Helper()
-	sim, err := coresim.New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &emulatedCore{}
-	h := sim.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c.requests.Add(1)
-		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/file/") && strings.Count(r.URL.Path, "/") == 2 {
-			c.polls.Add(1)
-		}
-		h.ServeHTTP(w, r)
-	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); sim.Run(ctx, true) }()
-	t.Cleanup(func() { srv.Close(); cancel(); <-done })
-	c.url = srv.URL
-	return c
-}
-
-// fastCore is the emulator's configuration for these tests: 200 times real time, so
-// that a small file is scanned in a few real milliseconds.
-func fastCore() coresim.Config {
-	cfg := coresim.DefaultConfig()
-	cfg.Speedup = 200
-	return cfg
-}
 
 // submit posts body to the proxy with headers and returns the data_id Core gave.
 func submit(t *testing.T, c *http.Client, proxyURL, body string, headers map[string]string) string {
@@ -148,8 +104,8 @@ func pollUntilFinal(t *testing.T, c *http.Client, proxyURL, id, apikey string) p
 // never a 503 although the limit is tight, and Core is asked about none of them: the
 // results came by callback.
 func TestBridgeAnswersFromCallbacks(t *testing.T) {
-	core := startCore(t, fastCore())
-	p := startBinary(t, core.url, map[string]string{
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	p := startBinary(t, core.URL, map[string]string{
 		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 		"MDPROXY_FILE_RESULT_RATE":   "0.1", "MDPROXY_FILE_RESULT_BURST": "1",
 	})
@@ -177,7 +133,7 @@ func TestBridgeAnswersFromCallbacks(t *testing.T) {
 	if got := final["infected"].verdict; got != 1 {
 		t.Errorf("EICAR's verdict = %d, want 1", got)
 	}
-	if n := core.polls.Load(); n != 0 {
+	if n := core.Polls(); n != 0 {
 		t.Errorf("polls that reached Core = %d, want 0 (results came by callback)", n)
 	}
 	waitMetricAtLeast(t, p, series("mdproxy_bridge_callbacks_total", "outcome", "stored"), 2)
@@ -193,20 +149,20 @@ func TestBridgeAnswersFromCallbacks(t *testing.T) {
 // TestBridgeOwnerScoped: a client with another apikey is never served the stored
 // result: its poll goes to Core, which decides.
 func TestBridgeOwnerScoped(t *testing.T) {
-	cfg := fastCore()
+	cfg := coretest.Fast()
 	cfg.APIKey = "owner-key"
-	core := startCore(t, cfg)
-	p := startBinary(t, core.url, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"})
+	core := coretest.Start(t, cfg, coresim.StartOptions{})
+	p := startBinary(t, core.URL, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"})
 	c := sidecartest.NewClient(t)
 	id := submit(t, c, p.proxyURL, "some file", map[string]string{"apikey": "owner-key"})
 	pollUntilFinal(t, c, p.proxyURL, id, "owner-key")
-	before := core.polls.Load()
+	before := core.Polls()
 	other := getResult(t, c, p.proxyURL, id, "another-key")
 	if other.status != http.StatusForbidden {
 		t.Errorf("poll with another apikey = %d %s, want Core's 403 (never the stored result)", other.status, sidecartest.Short(other.body))
 	}
-	if core.polls.Load() != before+1 {
-		t.Errorf("polls reaching Core for another apikey = %d, want 1", core.polls.Load()-before)
+	if core.Polls() != before+1 {
+		t.Errorf("polls reaching Core for another apikey = %d, want 1", core.Polls()-before)
 	}
 	if again := getResult(t, c, p.proxyURL, id, "owner-key"); again.status != http.StatusOK || again.progress != 100 {
 		t.Errorf("owner's poll after = %d %s, want the stored result", again.status, sidecartest.Short(again.body))
@@ -218,10 +174,10 @@ func TestBridgeOwnerScoped(t *testing.T) {
 // Core, which answers 403, as it does without the bridge. Another session's polls of
 // its own results are still answered from the store.
 func TestBridgeLogoutEndsAnswers(t *testing.T) {
-	cfg := fastCore()
+	cfg := coretest.Fast()
 	cfg.APIKey = "master-key"
-	core := startCore(t, cfg)
-	p := startBinary(t, core.url, nil)
+	core := coretest.Start(t, cfg, coresim.StartOptions{})
+	p := startBinary(t, core.URL, nil)
 	c := sidecartest.NewClient(t)
 	login := func() string {
 		t.Helper()
@@ -254,17 +210,17 @@ func TestBridgeLogoutEndsAnswers(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("POST /logout = %d, want 200", resp.StatusCode)
 	}
-	before := core.polls.Load()
+	before := core.Polls()
 	if r := getResult(t, c, p.proxyURL, id, ended); r.status != http.StatusForbidden {
 		t.Errorf("poll by the ended session = %d %s, want Core's 403 (never the stored result)", r.status, sidecartest.Short(r.body))
 	}
-	if core.polls.Load() != before+1 {
-		t.Errorf("polls reaching Core for the ended session = %d, want 1", core.polls.Load()-before)
+	if core.Polls() != before+1 {
+		t.Errorf("polls reaching Core for the ended session = %d, want 1", core.Polls()-before)
 	}
 	if r := getResult(t, c, p.proxyURL, other, kept); r.status != http.StatusOK || r.progress != 100 {
 		t.Errorf("poll by the other session = %d %s, want its stored result", r.status, sidecartest.Short(r.body))
 	}
-	if core.polls.Load() != before+1 {
+	if core.Polls() != before+1 {
 		t.Errorf("the other session's poll reached Core, want it answered from the store")
 	}
 }
@@ -273,7 +229,7 @@ func TestBridgeLogoutEndsAnswers(t *testing.T) {
 // forwarded untouched and not bridged: Core calls the client back, and the proxy's
 // polls go to Core.
 func TestBridgeOwnCallbackURLUntouched(t *testing.T) {
-	core := startCore(t, fastCore())
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
 	got := make(chan string, 1)
 	receiver := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -281,7 +237,7 @@ func TestBridgeOwnCallbackURLUntouched(t *testing.T) {
 		default:
 		}
 	})
-	p := startBinary(t, core.url, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"})
+	p := startBinary(t, core.URL, map[string]string{"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"})
 	c := sidecartest.NewClient(t)
 	id := submit(t, c, p.proxyURL, "mine", map[string]string{"callbackurl": receiver.URL + "/mine"})
 	select {
@@ -295,7 +251,7 @@ func TestBridgeOwnCallbackURLUntouched(t *testing.T) {
 	if r := getResult(t, c, p.proxyURL, id, ""); r.status != http.StatusOK || r.progress != 100 {
 		t.Errorf("poll of an unbridged id = %d %s, want Core's final answer", r.status, sidecartest.Short(r.body))
 	}
-	if core.polls.Load() == 0 {
+	if core.Polls() == 0 {
 		t.Errorf("polls reaching Core for an unbridged id = 0, want it asked")
 	}
 	if v := p.metric(t, series("mdproxy_bridge_callbacks_total", "outcome", "stored")); v != 0 {
@@ -307,8 +263,8 @@ func TestBridgeOwnCallbackURLUntouched(t *testing.T) {
 // URL): every result still comes home, asked of Core once the callbacks look overdue,
 // and no poll of a submitted file is answered 503.
 func TestBridgeLostCallbacks(t *testing.T) {
-	core := startCore(t, fastCore())
-	p := startBinary(t, core.url, map[string]string{
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	p := startBinary(t, core.URL, map[string]string{
 		"MDPROXY_BRIDGE_LISTEN_ADDR":  "127.0.0.1:0",
 		"MDPROXY_BRIDGE_CALLBACK_URL": "http://127.0.0.1:1", // nothing listens there
 		"MDPROXY_BRIDGE_REFRESH":      "300ms",
@@ -328,7 +284,7 @@ func TestBridgeLostCallbacks(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if core.polls.Load() == 0 {
+	if core.Polls() == 0 {
 		t.Errorf("polls reaching Core = 0, want Core asked once callbacks were overdue")
 	}
 	waitMetricAtLeast(t, p, series("mdproxy_bridge_polls_total", "source", "core"), float64(len(ids)))
@@ -336,13 +292,13 @@ func TestBridgeLostCallbacks(t *testing.T) {
 
 // TestBridgeOff: MDPROXY_BRIDGE=false forwards every poll, as before the bridge.
 func TestBridgeOff(t *testing.T) {
-	core := startCore(t, fastCore())
-	p := startBinary(t, core.url, map[string]string{"MDPROXY_BRIDGE": "false"})
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	p := startBinary(t, core.URL, map[string]string{"MDPROXY_BRIDGE": "false"})
 	c := sidecartest.NewClient(t)
 	id := submit(t, c, p.proxyURL, "off", nil)
 	getResult(t, c, p.proxyURL, id, "")
-	if core.polls.Load() != 1 {
-		t.Errorf("polls reaching Core with the bridge off = %d, want 1", core.polls.Load())
+	if core.Polls() != 1 {
+		t.Errorf("polls reaching Core with the bridge off = %d, want 1", core.Polls())
 	}
 }
 
@@ -350,8 +306,8 @@ func TestBridgeOff(t *testing.T) {
 // for a bridged one, the proxy relays it with the secret redacted, so that no reader of
 // it can post a result in Core's place.
 func TestBridgeSecretNotShown(t *testing.T) {
-	core := startCore(t, fastCore())
-	p := startBinary(t, core.url, nil)
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	p := startBinary(t, core.URL, nil)
 	c := sidecartest.NewClient(t)
 	id := submit(t, c, p.proxyURL, "hello", nil)
 	pollUntilFinal(t, c, p.proxyURL, id, "")

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // TestBinaryClientKeysFreed is issue 9's eighth case against the built binary: many

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // earlyRefusal is an upstream that refuses an upload after reading read bytes of it
@@ -205,11 +205,11 @@ func TestEarlyRefusalRelayed(t *testing.T) {
 			waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "400", "method", "POST", "route", "submit"), runs)
 			m := p.metrics(t)
 			for _, kind := range []string{"refused", "reset", "timeout", "canceled", "other"} {
-				if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+				if v, _ := sidecartest.ParseMetrics(t, m).Value(series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
 					t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
 				}
 			}
-			if v, _ := sidecartest.MetricValue(m, series("mdproxy_requests_total", "code", "502", "method", "POST", "route", "submit")); v != 0 {
+			if v, _ := sidecartest.ParseMetrics(t, m).Value(series("mdproxy_requests_total", "code", "502", "method", "POST", "route", "submit")); v != 0 {
 				t.Errorf("answers 502 to refused uploads = %v, want 0", v)
 			}
 		})

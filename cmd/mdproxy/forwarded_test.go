@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // TestBinaryForwardedFields is issue 29's trial of what Core is told of a client behind

@@ -22,10 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/mdproxy/mdproxy/coresim"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // newLoopback starts h on a loopback httptest.Server closed by cleanup.
@@ -508,13 +507,9 @@ func TestCoreRefusalsRelayed(t *testing.T) {
 	cfg := coresim.DefaultConfig()
 	cfg.APIKey = "secret"
 	cfg.QueueSize = 1
-	sim, err := coresim.New(cfg, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The model does not run: the one file queued below stays queued, and the queue full.
-	core := httptest.NewServer(sim.Handler())
-	t.Cleanup(core.Close)
+	// Virtual time stands still: the one file queued below stays queued, and the queue
+	// full.
+	core := coretest.Start(t, cfg, coresim.StartOptions{ManualTime: true})
 	p := startBinary(t, core.URL, nil)
 	c := sidecartest.NewClient(t)
 	req, _ := http.NewRequest(http.MethodPost, p.proxyURL+"/file", strings.NewReader("first"))
@@ -546,7 +541,7 @@ func TestCoreRefusalsRelayed(t *testing.T) {
 	}
 	m := p.metrics(t)
 	for _, kind := range []string{"refused", "reset", "timeout", "other"} {
-		if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
+		if v, _ := sidecartest.ParseMetrics(t, m).Value(series("mdproxy_upstream_errors_total", "kind", kind, "route", "submit")); v != 0 {
 			t.Errorf("mdproxy_upstream_errors_total{kind=%q,route=\"submit\"} = %v, want 0", kind, v)
 		}
 	}
@@ -592,11 +587,11 @@ func TestAbandonedUploadIs499(t *testing.T) {
 	waitMetricAtLeast(t, p, series("mdproxy_requests_total", "code", "499", "method", "POST", "route", "submit"), runs)
 	m := p.metrics(t)
 	for _, code := range []string{"502", "504", "400", "200"} {
-		if v, _ := sidecartest.MetricValue(m, series("mdproxy_requests_total", "code", code, "method", "POST", "route", "submit")); v != 0 {
+		if v, _ := sidecartest.ParseMetrics(t, m).Value(series("mdproxy_requests_total", "code", code, "method", "POST", "route", "submit")); v != 0 {
 			t.Errorf("abandoned uploads counted with code %s = %v, want 0 (all 499)", code, v)
 		}
 	}
-	if v, _ := sidecartest.MetricValue(m, series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit")); v != 0 {
+	if v, _ := sidecartest.ParseMetrics(t, m).Value(series("mdproxy_upstream_errors_total", "kind", "reset", "route", "submit")); v != 0 {
 		t.Errorf("abandoned uploads counted as Core resetting = %v, want 0", v)
 	}
 }
@@ -729,16 +724,7 @@ func stallReader(t *testing.T, p *proc, addr, request, counter string) {
 // counted returns the sum of every series of the counter in p's /metrics.
 func counted(t *testing.T, p *proc, counter string) float64 {
 	t.Helper()
-	var n float64
-	for _, line := range strings.Split(p.metrics(t), "\n") {
-		if rest, ok := strings.CutPrefix(line, counter+"{"); ok {
-			var v float64
-			if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err != nil {
-				t.Fatalf("%s line %q: %v", counter, line, err)
-			}
-			n += v
-		}
-	}
+	n, _ := sidecartest.ParseMetrics(t, p.metrics(t)).Sum(counter)
 	return n
 }
 
@@ -819,8 +805,8 @@ func TestExpectContinueLate(t *testing.T) {
 // Core's error format with the file_result route limited to nothing, and reach Core
 // neither way (they went on as route "other", unlimited, to Core's poll handler).
 func TestDotSegmentsRefused(t *testing.T) {
-	core := startCore(t, fastCore())
-	p := startBinary(t, core.url, map[string]string{
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	p := startBinary(t, core.URL, map[string]string{
 		"MDPROXY_FILE_RESULT_RATE":  "0.01",
 		"MDPROXY_FILE_RESULT_BURST": "1",
 		"MDPROXY_BRIDGE":            "false",
@@ -837,7 +823,7 @@ func TestDotSegmentsRefused(t *testing.T) {
 			t.Errorf("GET %s = %q, %v; want 400 in Core's error format", path, got, err)
 		}
 	}
-	if n := core.requests.Load(); n != 0 {
+	if n := core.Requests(); n != 0 {
 		t.Errorf("requests that reached Core = %d, want 0", n)
 	}
 	if v := p.metric(t, series("mdproxy_requests_total", "code", "400", "method", "GET", "route", "other")); v != float64(len(paths)) {

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -18,60 +13,26 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/child"
+	"github.com/mdproxy/mdproxy/internal/testkit/bintest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: a server, a
 // connection or a paced reader that was not stopped.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeSharedBinary() }))
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { bintest.RemoveBuilt() }))
 }
 
 // safety bounds a wait that only a broken program would reach; a test never passes or
 // fails because of how long it took.
 const safety = sidecartest.Safety
 
-// buildBinary builds mdproxy into a temporary directory with the go command of the
-// toolchain running the test, and extra build flags (e.g. -ldflags), and returns its
-// path.
-func buildBinary(t *testing.T, flags ...string) string {
-	t.Helper()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Skipf("no go command to build mdproxy: %v", err)
-		}
-	}
-	bin := filepath.Join(t.TempDir(), "mdproxy")
-	args := append(append([]string{"build", "-o", bin}, flags...), ".")
-	out, err := exec.Command(goBin, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// exitCode returns the exit code of a finished command's Run or Wait error.
-func exitCode(t *testing.T, err error) int {
-	t.Helper()
-	if err == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		t.Fatalf("running mdproxy: %v", err)
-	}
-	return ee.ExitCode()
-}
-
 func TestBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
 	t.Parallel()
 	// Stamped as the Dockerfile stamps an image, from its VERSION and REVISION.
 	const version, revision = "1.2.3-test", "0123456789abcdef"
-	bin := buildBinary(t, "-ldflags", "-X github.com/mdproxy/mdproxy/metrics.Version="+version+
+	bin := bintest.Build(t, bintest.Module+"/cmd/mdproxy", "-ldflags", "-X github.com/mdproxy/mdproxy/metrics.Version="+version+
 		" -X github.com/mdproxy/mdproxy/metrics.Revision="+revision)
 
 	// The command line: --version and --help print to stdout and exit 0 without
@@ -92,31 +53,27 @@ func TestBinary(t *testing.T) {
 	} {
 		t.Run("args/"+strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), safety)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, bin, tc.args...)
 			// Should it serve instead, it does so on free ports until the safety bound.
-			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0"}
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			if code := exitCode(t, cmd.Run()); code != tc.code {
-				t.Errorf("mdproxy %q exit code = %d, want %d; stderr:\n%s", tc.args, code, tc.code, stderr.String())
+			res := bintest.Run(t, bin, map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"}, tc.args...)
+			stdout, stderr := res.Stdout, res.Stderr
+			if res.Code != tc.code {
+				t.Errorf("mdproxy %q exit code = %d, want %d; stderr:\n%s", tc.args, res.Code, tc.code, stderr)
 			}
 			for _, want := range tc.stdout {
-				if !strings.Contains(stdout.String(), want) {
-					t.Errorf("mdproxy %q stdout = %q, want it to contain %q", tc.args, stdout.String(), want)
+				if !strings.Contains(stdout, want) {
+					t.Errorf("mdproxy %q stdout = %q, want it to contain %q", tc.args, stdout, want)
 				}
 			}
-			if len(tc.stdout) == 0 && stdout.Len() != 0 {
-				t.Errorf("mdproxy %q stdout = %q, want nothing", tc.args, stdout.String())
+			if len(tc.stdout) == 0 && len(stdout) != 0 {
+				t.Errorf("mdproxy %q stdout = %q, want nothing", tc.args, stdout)
 			}
 			for _, want := range tc.stderr {
-				if !strings.Contains(stderr.String(), want) {
-					t.Errorf("mdproxy %q stderr = %q, want it to contain %q", tc.args, stderr.String(), want)
+				if !strings.Contains(stderr, want) {
+					t.Errorf("mdproxy %q stderr = %q, want it to contain %q", tc.args, stderr, want)
 				}
 			}
-			if len(tc.stderr) == 0 && stderr.Len() != 0 {
-				t.Errorf("mdproxy %q stderr = %q, want nothing", tc.args, stderr.String())
+			if len(tc.stderr) == 0 && len(stderr) != 0 {
+				t.Errorf("mdproxy %q stderr = %q, want nothing", tc.args, stderr)
 			}
 		})
 	}
@@ -137,16 +94,12 @@ func TestBinary(t *testing.T) {
 	} {
 		t.Run("exit2/"+tc.name+"="+tc.value, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), safety)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, bin)
-			cmd.Env = []string{tc.name + "=" + tc.value}
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			if code := exitCode(t, cmd.Run()); code != 2 {
-				t.Errorf("mdproxy with %s=%q exit code = %d, want 2; stderr:\n%s", tc.name, tc.value, code, stderr.String())
+			res := bintest.Run(t, bin, map[string]string{tc.name: tc.value})
+			stdout := res.Stdout
+			if res.Code != 2 {
+				t.Errorf("mdproxy with %s=%q exit code = %d, want 2; stderr:\n%s", tc.name, tc.value, res.Code, res.Stderr)
 			}
-			msg := stderr.String()
+			msg := res.Stderr
 			if strings.Count(msg, "\n") != 1 || !strings.HasSuffix(msg, "\n") {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want one line", tc.name, tc.value, msg)
 			}
@@ -157,8 +110,8 @@ func TestBinary(t *testing.T) {
 			if line.Level != "ERROR" || line.Msg == "" || !sidecartest.NamesVar(line.Err, tc.name) {
 				t.Errorf("mdproxy with %s=%q stderr = %q, want level ERROR, a msg and an err naming %s", tc.name, tc.value, msg, tc.name)
 			}
-			if stdout.Len() != 0 {
-				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout.String())
+			if len(stdout) != 0 {
+				t.Errorf("mdproxy with %s=%q stdout = %q, want nothing", tc.name, tc.value, stdout)
 			}
 		})
 	}
@@ -172,16 +125,12 @@ func TestBinary(t *testing.T) {
 		if err := os.WriteFile(limits, []byte("MDPROXY_FILE_RESULT_BURST=-2\nMDPROXY_ADMIN_ADDR=:1\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), safety)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{"MDPROXY_CLIENT_KEYS_MAX=0", "MDPROXY_LIMITS_FILE=" + limits}
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if code := exitCode(t, cmd.Run()); code != 2 {
-			t.Errorf("mdproxy with three bad variables exit code = %d, want 2; stderr:\n%s", code, stderr.String())
+		res := bintest.Run(t, bin, map[string]string{"MDPROXY_CLIENT_KEYS_MAX": "0", "MDPROXY_LIMITS_FILE": limits})
+		stdout := res.Stdout
+		if res.Code != 2 {
+			t.Errorf("mdproxy with three bad variables exit code = %d, want 2; stderr:\n%s", res.Code, res.Stderr)
 		}
-		msg := stderr.String()
+		msg := res.Stderr
 		var line struct{ Level, Err string }
 		if strings.Count(msg, "\n") != 1 || json.Unmarshal([]byte(msg), &line) != nil || line.Level != "ERROR" {
 			t.Fatalf("mdproxy with three bad variables stderr = %q, want one JSON line of level ERROR", msg)
@@ -198,8 +147,8 @@ func TestBinary(t *testing.T) {
 		if n := strings.Count(line.Err, "\n") + 1; n != 3 {
 			t.Errorf("mdproxy with three bad variables err = %q, want 3 lines, one a variable", line.Err)
 		}
-		if stdout.Len() != 0 {
-			t.Errorf("mdproxy with three bad variables stdout = %q, want nothing", stdout.String())
+		if len(stdout) != 0 {
+			t.Errorf("mdproxy with three bad variables stdout = %q, want nothing", stdout)
 		}
 	})
 
@@ -211,22 +160,18 @@ func TestBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer busy.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), safety)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{"MDPROXY_LISTEN_ADDR=" + busy.Addr().String(), "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0"}
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if code := exitCode(t, cmd.Run()); code != 1 {
-			t.Errorf("mdproxy on a busy address exit code = %d, want 1; stderr:\n%s", code, stderr.String())
+		res := bintest.Run(t, bin, map[string]string{"MDPROXY_LISTEN_ADDR": busy.Addr().String(), "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0"})
+		stderr := res.Stderr
+		if res.Code != 1 {
+			t.Errorf("mdproxy on a busy address exit code = %d, want 1; stderr:\n%s", res.Code, stderr)
 		}
 		// The log lines, then the failure's, all JSON.
-		lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+		lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
 		var last struct{ Level, Err string }
 		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || last.Level != "ERROR" || !sidecartest.NamesVar(last.Err, "MDPROXY_LISTEN_ADDR") {
-			t.Errorf("mdproxy on a busy address stderr = %q, want a last JSON line of level ERROR whose err names MDPROXY_LISTEN_ADDR (%v)", stderr.String(), err)
+			t.Errorf("mdproxy on a busy address stderr = %q, want a last JSON line of level ERROR whose err names MDPROXY_LISTEN_ADDR (%v)", stderr, err)
 		}
-		sidecartest.CheckJSONLogs(t, stderr.String())
+		sidecartest.CheckJSONLogs(t, stderr)
 	})
 
 	// A signal: graceful shutdown and exit 0.
@@ -235,53 +180,25 @@ func TestBinary(t *testing.T) {
 			t.Parallel()
 			up := sidecartest.NewUpstream(t)
 			c := sidecartest.NewClient(t)
-			ctx, cancel := context.WithTimeout(context.Background(), safety)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, bin)
-			cmd.Env = []string{"MDPROXY_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_ADMIN_ADDR=127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR=127.0.0.1:0", "MDPROXY_UPSTREAM_URL=" + up.URL,
-				"MDPROXY_SHUTDOWN_DELAY=0s"} // the delay is TestShutdownDelay's
-			stderr, err := cmd.StderrPipe()
-			if err != nil {
-				t.Fatal(err)
+			p := bintest.Start(t, bin, map[string]string{"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_UPSTREAM_URL": up.URL,
+				"MDPROXY_SHUTDOWN_DELAY": "0s"}, // the delay is TestShutdownDelay's
+				child.Options{Ready: "mdproxy serving"})
+			if v, r := p.Field("version"), p.Field("revision"); v != version || r != revision {
+				t.Errorf("mdproxy serving line: version %q, revision %q; want %q, %q", v, r, version, revision)
 			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
+			if code, body := sidecartest.Get(t, c, "http://"+p.Field("listen")+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
+				t.Errorf("GET proxy /file/x = %d %q, want 200 from the upstream", code, body)
 			}
-			var lines []string
-			served, stopped := false, false
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				line := sc.Text()
-				lines = append(lines, line)
-				var rec struct{ Msg, Listen, Admin, Version, Revision string }
-				if err := json.Unmarshal([]byte(line), &rec); err != nil {
-					t.Errorf("mdproxy stderr line %q: not JSON: %v", line, err)
-					continue
-				}
-				switch rec.Msg {
-				case "mdproxy serving":
-					served = true
-					if rec.Version != version || rec.Revision != revision {
-						t.Errorf("mdproxy serving line %q: version %q, revision %q; want %q, %q", line, rec.Version, rec.Revision, version, revision)
-					}
-					if code, body := sidecartest.Get(t, c, "http://"+rec.Listen+"/file/x"); code != http.StatusOK || body != "upstream /file/x\n" {
-						t.Errorf("GET proxy /file/x = %d %q, want 200 from the upstream", code, body)
-					}
-					if code, _ := sidecartest.Get(t, c, "http://"+rec.Admin+"/readyz"); code != http.StatusOK {
-						t.Errorf("GET admin /readyz = %d, want 200", code)
-					}
-					if err := cmd.Process.Signal(sig); err != nil {
-						t.Fatal(err)
-					}
-				case "mdproxy stopped":
-					stopped = true
-				}
+			if code, _ := sidecartest.Get(t, c, "http://"+p.Field("admin")+"/readyz"); code != http.StatusOK {
+				t.Errorf("GET admin /readyz = %d, want 200", code)
 			}
-			if code := exitCode(t, cmd.Wait()); code != 0 {
+			p.Send(t, sig)
+			if code := p.Wait(t); code != 0 {
 				t.Errorf("mdproxy after %v exit code = %d, want 0", sig, code)
 			}
-			if !served || !stopped {
-				t.Errorf("mdproxy stderr = %q, want %q then %q lines", lines, "mdproxy serving", "mdproxy stopped")
+			logs := sidecartest.CheckJSONLogs(t, p.Logs.String())
+			if last := logs[len(logs)-1]["msg"]; last != "mdproxy stopped" {
+				t.Errorf("mdproxy's last log line = %q, want %q; logs:\n%s", last, "mdproxy stopped", p.Logs.String())
 			}
 		})
 	}

@@ -16,7 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // silentCore stands in for a Core that cannot reach the callback listener: it answers
@@ -66,7 +66,7 @@ func startSilentCore(t *testing.T, idLen int) *silentCore {
 // is absent, so that a metric that is not exported cannot read as 0.
 func (p *proc) mustMetric(t *testing.T, series string) float64 {
 	t.Helper()
-	v, ok := sidecartest.MetricValue(p.metrics(t), series)
+	v, ok := sidecartest.ParseMetrics(t, p.metrics(t)).Value(series)
 	if !ok {
 		t.Fatalf("/metrics has no %s", series)
 	}

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/redistest"
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // Issue 12, black-box: mdproxy binaries sharing a real redis-server (started by the
@@ -313,7 +315,7 @@ func TestDryRunFlood(t *testing.T) {
 // A would serve it; no poll reaches Core and none is refused, though the limit is tight.
 func TestReplicasShareResults(t *testing.T) {
 	srv := redistest.Start(t)
-	core := startCore(t, fastCore())
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
 	env := map[string]string{
 		"MDPROXY_REDIS_URL":         srv.URL(),
 		"MDPROXY_REDIS_TIMEOUT":     redisTimeout.String(),
@@ -321,8 +323,8 @@ func TestReplicasShareResults(t *testing.T) {
 		"MDPROXY_FILE_RESULT_RATE":  "0.1",
 		"MDPROXY_FILE_RESULT_BURST": "1",
 	}
-	a := startBinary(t, core.url, env)
-	b := startBinary(t, core.url, env)
+	a := startBinary(t, core.URL, env)
+	b := startBinary(t, core.URL, env)
 	c := sidecartest.NewClient(t)
 	eicar := `X5O!P%@AP[4\PZX54(P^)7CC)7}$EICAR-STANDARD-ANTIVIRUS-TEST-FILE!$H+H*`
 	ids := []string{submit(t, c, a.proxyURL, "hello, world", nil), submit(t, c, a.proxyURL, eicar, nil)}
@@ -336,7 +338,7 @@ func TestReplicasShareResults(t *testing.T) {
 			t.Errorf("file %d: B's answer differs from A's:\nB %s\nA %s", i, sidecartest.Short(got.body), sidecartest.Short(fromA.body))
 		}
 	}
-	if n := core.polls.Load(); n != 0 {
+	if n := core.Polls(); n != 0 {
 		t.Errorf("polls that reached Core = %d, want 0 (A took the callbacks, B read them in Redis)", n)
 	}
 	waitMetricAtLeast(t, a, series("mdproxy_bridge_callbacks_total", "outcome", "stored"), 2)
@@ -348,8 +350,8 @@ func TestReplicasShareResults(t *testing.T) {
 	// poll goes to Core (or meets the limit), which decides.
 	stored := b.metric(t, series("mdproxy_bridge_polls_total", "source", "store"))
 	p := getResult(t, c, b.proxyURL, ids[0], "someone-else")
-	if p.status == http.StatusOK && core.polls.Load() != 1 {
-		t.Errorf("another apikey's poll through B: 200 with %d polls at Core, want it asked of Core", core.polls.Load())
+	if p.status == http.StatusOK && core.Polls() != 1 {
+		t.Errorf("another apikey's poll through B: 200 with %d polls at Core, want it asked of Core", core.Polls())
 	}
 	if got := b.metric(t, series("mdproxy_bridge_polls_total", "source", "store")); got != stored {
 		t.Errorf("another apikey's poll through B was served from the store (%v -> %v)", stored, got)
@@ -362,8 +364,8 @@ func TestReplicasShareResults(t *testing.T) {
 // never see); the callback is counted stored only because it was.
 func TestRedisDownCallbackKept(t *testing.T) {
 	srv := redistest.Start(t)
-	core := startCore(t, fastCore())
-	a := startBinary(t, core.url, map[string]string{
+	core := coretest.Start(t, coretest.Fast(), coresim.StartOptions{})
+	a := startBinary(t, core.URL, map[string]string{
 		"MDPROXY_REDIS_URL":         srv.URL(),
 		"MDPROXY_FILE_RESULT_RATE":  "0.1",
 		"MDPROXY_FILE_RESULT_BURST": "1",
@@ -378,7 +380,7 @@ func TestRedisDownCallbackKept(t *testing.T) {
 			t.Fatalf("poll %d with Redis down: status %d, body %s, want 200 with the final result", i, got.status, sidecartest.Short(got.body))
 		}
 	}
-	if n := core.polls.Load(); n != 0 {
+	if n := core.Polls(); n != 0 {
 		t.Errorf("polls that reached Core = %d, want 0 (answered from the replica's memory)", n)
 	}
 	if v := a.metric(t, series("mdproxy_requests_total", "code", "503", "method", "GET", "route", "file_result")); v != 0 {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // gatedReader reads r, and holds the read that follows the first before bytes until
@@ -53,7 +53,7 @@ func waitLog(t *testing.T, p *proc, text string) {
 	select {
 	case <-p.logs.Written(text):
 	case <-p.exited:
-		t.Fatalf("mdproxy exited (%v) before logging %q; stderr:\n%s", p.exitErr, text, p.logs)
+		t.Fatalf("mdproxy exited (%v) before logging %q; stderr:\n%s", p.Err(), text, p.logs)
 	case <-time.After(safety):
 		t.Fatalf("mdproxy did not log %q within %v; stderr:\n%s", text, safety, p.logs)
 	}
@@ -64,7 +64,7 @@ func checkAlive(t *testing.T, p *proc) {
 	t.Helper()
 	select {
 	case <-p.exited:
-		t.Fatalf("mdproxy exited: %v; stderr:\n%s", p.exitErr, p.logs)
+		t.Fatalf("mdproxy exited: %v; stderr:\n%s", p.Err(), p.logs)
 	default:
 	}
 	if code, _ := sidecartest.Get(t, sidecartest.NewClient(t), p.adminURL+"/healthz"); code != http.StatusOK {
@@ -339,7 +339,7 @@ func TestLimitsFileWrittenInPlace(t *testing.T) {
 		select {
 		case <-p.logs.WrittenN(text, n):
 		case <-p.exited:
-			t.Fatalf("mdproxy exited (%v) before logging %q %d times; stderr:\n%s", p.exitErr, text, n, p.logs)
+			t.Fatalf("mdproxy exited (%v) before logging %q %d times; stderr:\n%s", p.Err(), text, n, p.logs)
 		case <-time.After(safety):
 			t.Fatalf("mdproxy did not log %q %d times within %v; stderr:\n%s", text, n, safety, p.logs)
 		}

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdproxy/mdproxy/sidecar/sidecartest"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
 
 // The shutdown of issue 9, case 9: on SIGTERM /readyz turns 503 at once while the proxy
@@ -95,7 +95,7 @@ func awaitRefused(t *testing.T, p *proc) {
 	deadline := time.Now().Add(safety)
 	for {
 		if closed(p.exited) {
-			t.Fatalf("mdproxy exited before its in-flight requests finished: %v; stderr:\n%s", p.exitErr, p.logs.String())
+			t.Fatalf("mdproxy exited before its in-flight requests finished: %v; stderr:\n%s", p.Err(), p.logs.String())
 		}
 		c, err := net.DialTimeout("tcp", p.proxyAddr, safety)
 		if errors.Is(err, syscall.ECONNREFUSED) {

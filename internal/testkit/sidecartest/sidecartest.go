@@ -1,8 +1,9 @@
 // Package sidecartest holds what the tests of mdproxy share, in-process (package
 // sidecar, through Run) and black-box (cmd/mdproxy, through the built binary): a
 // stand-in for Core that records what it receives, a log buffer that tells when a line
-// was written, uploads of deterministic payloads checked byte for byte, and readers of
-// /metrics and of JSON logs. It is for tests only.
+// was written, uploads of deterministic payloads checked byte for byte, the one reader
+// of metrics (Metrics, of a registry or a /metrics page), a checker of JSON logs and
+// a made-up PKI. It is for tests only.
 package sidecartest
 
 import (
@@ -16,7 +17,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,19 +208,6 @@ func Short(s string) string {
 		return s[:200] + "..."
 	}
 	return s
-}
-
-// MetricValue returns the value of the series (name with its labels, as the text
-// format writes them, e.g. `x_total{code="200",route="a"}`) in a /metrics body, and
-// whether it was found.
-func MetricValue(body, series string) (float64, bool) {
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return f, err == nil
-		}
-	}
-	return 0, false
 }
 
 // CheckJSONLogs checks that logs is a non-empty run of JSON lines, each an object with
