@@ -46,10 +46,6 @@ type exchange struct {
 	ctx    context.Context // the client's request context
 	sub    *submission     // a POST /file the bridge gave a callback URL (the Rewrite sets it); nil otherwise
 	shared bool            // a poll the bridge sends Core, whose answer it reads and shares (askWholeAnswer)
-	batch  *readBatch      // the reads of a large request body; nil: read as they come
-	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
-	// for the exchange, put back by finish; nil: none was taken off.
-	unbound *clientConn
 
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
@@ -107,17 +103,8 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	ex.asked = true
 	ex.mu.Unlock()
 
-	if ex.batch != nil {
-		ex.batch.before(ex.reqBytes.Load(), len(p))
-	}
 	n, err := b.body.Read(p)
 	ex.reqBytes.Add(int64(n))
-	if ex.batch != nil {
-		ex.batch.after(ex.reqBytes.Load(), n)
-		if err != nil {
-			ex.batch.end()
-		}
-	}
 	if err == nil {
 		return n, nil
 	}
@@ -235,50 +222,25 @@ func (ex *exchange) coreClosed() {
 }
 
 // finish is called when the handler's exchange ends: the client connection goes back
-// to the server without the receive low-water mark this exchange set, with a read
-// deadline one body idle timeout away while the body is not read to its end (net/http's
-// own reads of it), none after, and with the write deadline of the answer's last write
-// (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
-// a client that stopped reading must not hold that write for ever (net/http clears
-// the deadline once they are out). The kernel's bound of the connection, if it had one
-// (unbindWrites), is put back.
+// to the server with a read deadline one body idle timeout away while the body is not
+// read to its end (net/http's own reads of it), none after, and with the write deadline
+// of the answer's last write (recorder.armWrite): net/http writes the answer's last
+// bytes after the handler, and a client that stopped reading must not hold that write
+// for ever (net/http clears the deadline once they are out).
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.finished = true
-	if ex.unbound != nil && setUserTimeout(ex.unbound.rc, ex.unbound.bound) != nil {
-		ex.unbound.writeBound = false // the proxy's own answers set write deadlines
-	}
 	if ex.core != nil {
 		ex.core.unwatch(ex)
 	}
-	if ex.batch != nil {
-		ex.batch.end()
-	}
-	if ex.idle > 0 {
-		if !ex.bodyDone && ex.requestFailed() == nil {
-			// net/http reads the rest of a body of up to 256 KiB after the handler (and
-			// closes the connection after one longer): that read is bounded like ours
-			// (drain sets its own), or a client gone silent would hold the connection
-			// until it closed it. A body that failed keeps the deadline that cut it,
-			// past already: net/http gives up the rest at once.
-			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
-		}
-	}
-}
-
-// unbindWrites takes the kernel's bound (TCP_USER_TIMEOUT, Proxy.ConnContext) off the
-// client connection cc for the time of the exchange; finish puts it back. Core's
-// answer is relayed as it comes, each write with a deadline of the body idle timeout,
-// and a client that stops reading it is counted when that deadline cuts it
-// (mdproxy_body_timeouts_total{peer="client"}). The kernel's clock starts when the
-// client's window closes, not at the proxy's last write, and its cut reaches the
-// handler as the client leaving (499): left on, it would cut first, and miscount. It
-// costs two setsockopt(2) calls a forwarded request. Called by the handler's
-// goroutine, before the exchange starts.
-func (ex *exchange) unbindWrites(cc *clientConn) {
-	if setUserTimeout(cc.rc, 0) == nil {
-		ex.unbound = cc
+	if ex.idle > 0 && !ex.bodyDone && ex.requestFailed() == nil {
+		// net/http reads the rest of a body of up to 256 KiB after the handler (and
+		// closes the connection after one longer): that read is bounded like ours
+		// (drain sets its own), or a client gone silent would hold the connection
+		// until it closed it. A body that failed keeps the deadline that cut it,
+		// past already: net/http gives up the rest at once.
+		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 	}
 }
 

@@ -85,22 +85,11 @@ type Options struct {
 	// BodyIdleTimeout bounds how long a client may make no progress sending its
 	// request body or reading its answer; the exchange is then cut and counted
 	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
-	// stored result, a refusal) are bounded too, not counted: on a connection set up
-	// by ConnContext on Linux 5.11 or later, by the kernel once the client has taken
-	// none of the connection's data for twice the timeout (TCP_USER_TIMEOUT, off during
-	// a forwarded exchange); otherwise by a write deadline of the timeout from each
-	// write. Core's side is bounded by the Transport (TransportOptions.BodyIdleTimeout).
-	// Zero means 60 s; negative turns it off.
+	// stored result, a refusal) are bounded too, not counted: each write has a write
+	// deadline of the timeout (http.ResponseController). Core's side is bounded by the
+	// Transport (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it
+	// off.
 	BodyIdleTimeout time.Duration
-	// UploadReadBatch is the most bytes of a request body the proxy lets queue on the
-	// client's connection before it is woken to read them, in bytes (Linux's receive
-	// low-water mark, SO_RCVLOWAT; see ConnContext, which the server must set for it,
-	// and readbatch.go): fewer, larger reads and writes move a large upload faster.
-	// Only bodies with a Content-Length of at least UploadReadBatch plus 64 KiB are
-	// batched, never their last 64 KiB, and a read that waits 20 to 30 ms for its
-	// batch takes what came. Zero (the zero value) reads every body as its bytes come;
-	// otherwise at least 65536.
-	UploadReadBatch int
 	// PollBufferBytes caps, in bytes, Core's answers to the polls the bridge sends it
 	// that the proxy holds at once: each is read whole, to be shared by the concurrent
 	// polls of its id and stored when final, and held until the last poll sharing it
@@ -169,7 +158,6 @@ type route struct {
 	clientKeys      clientKeys
 	upstreamTimeout time.Duration
 	bodyIdle        time.Duration // 0: off
-	readBatch       int           // Options.UploadReadBatch; 0: off
 	log             *slog.Logger
 
 	// The bodies of the limit answers, rendered once: rejections must stay cheap, as
@@ -183,8 +171,8 @@ type route struct {
 }
 
 // New returns the proxy for opts. It returns an error when a required option is missing,
-// LimitStatus is neither 0, 429 nor 503, a client prefix is out of its range,
-// UploadReadBatch is neither 0 nor at least 65536, or PollBufferBytes is negative.
+// LimitStatus is neither 0, 429 nor 503, a client prefix is out of its range, or
+// PollBufferBytes is negative.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -217,9 +205,6 @@ func New(opts Options) (*Proxy, error) {
 	if opts.ClientIPv6Prefix < 1 || opts.ClientIPv6Prefix > 128 || opts.ClientIPv4Prefix < 1 || opts.ClientIPv4Prefix > 32 {
 		return nil, fmt.Errorf("proxy: client prefixes /%d (IPv4) and /%d (IPv6): want 1 to 32 and 1 to 128",
 			opts.ClientIPv4Prefix, opts.ClientIPv6Prefix)
-	}
-	if opts.UploadReadBatch != 0 && opts.UploadReadBatch < readBatchMin {
-		return nil, fmt.Errorf("proxy: upload read batch of %d bytes: want 0 or at least %d", opts.UploadReadBatch, readBatchMin)
 	}
 	switch {
 	case opts.PollBufferBytes == 0:
@@ -310,7 +295,6 @@ func newRoute(name string, opts Options) *route {
 		clientKeys:       clientKeys{trusted: opts.TrustedProxies, ipv4: opts.ClientIPv4Prefix, ipv6: opts.ClientIPv6Prefix},
 		upstreamTimeout:  opts.UpstreamTimeout,
 		bodyIdle:         opts.BodyIdleTimeout,
-		readBatch:        opts.UploadReadBatch,
 		log:              opts.Logger.With("route", name),
 		rejectBody:       errorBody("Too many requests for route " + name + ". Try again later."),
 		rejectClientBody: errorBody("Too many requests for this client on route " + name + ". Try again later."),
@@ -512,9 +496,6 @@ func (p *Proxy) routeOf(method, cp string) *route {
 // refuse answers r on rt without forwarding it, counting it like any other request.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, start: time.Now()}
-	if cc := clientConnOf(r); cc != nil {
-		rec.ownBound = cc.writeBound
-	}
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
 	rec.discard = rt.boundDiscard(w, r)
@@ -557,11 +538,7 @@ func (rt *route) serve(w http.ResponseWriter, r *http.Request) *exchange {
 	start := time.Now()
 	rt.inFlight.get().Inc()
 	defer rt.inFlight.get().Dec()
-	cc := clientConnOf(r)
 	rec := &recorder{ResponseWriter: w, idle: rt.bodyIdle, http10: !r.ProtoAtLeast(1, 1), close: CloseAfter(r), start: start}
-	if cc != nil {
-		rec.ownBound = cc.writeBound
-	}
 	rec.discard = rt.boundDiscard(w, r) // a forwarded body's reads set their own deadlines (exchange)
 	defer func() {
 		if v := recover(); v != nil {
@@ -606,9 +583,6 @@ func (rt *route) serve(w http.ResponseWriter, r *http.Request) *exchange {
 
 	ex := newExchange(w, r, rt.bodyIdle)
 	defer ex.finish()
-	if cc != nil && cc.writeBound && ex.idle > 0 {
-		ex.unbindWrites(cc)
-	}
 	rec.ex = ex
 	ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 	hasBody := r.Body != nil && r.Body != http.NoBody
@@ -631,9 +605,6 @@ func (rt *route) serve(w http.ResponseWriter, r *http.Request) *exchange {
 		// transport, and to drain once the answer is written.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		out.Body = &requestBody{body: r.Body, ex: ex}
-		if rt.readBatch > 0 && cc != nil && cc.plain {
-			ex.batch = newReadBatch(cc.rc, r.ContentLength, rt.readBatch) // nil for a small body
-		}
 	}
 	rt.proxy.ServeHTTP(rec, out)
 	if rec.writeErr != nil {
@@ -979,7 +950,6 @@ type recorder struct {
 	close    bool          // the connection ends after the answer (CloseAfter, or the body's end not in)
 	interim  uint8         // the 1xx answers relayed, at most maxInterim
 	aborted  bool          // abort cut the request, already counted
-	ownBound bool          // the kernel bounds the proxy's own answers (Proxy.ConnContext)
 	decided  bool          // outcome is the limiter's decision, counted by finish (decide)
 	ex       *exchange     // nil for answers the proxy gives itself
 	writeErr error         // the first failed write to the client
@@ -997,8 +967,7 @@ func (w *recorder) decide(d limiter.Decision) {
 }
 
 // armWrite sets the client connection's write deadline one body idle timeout from
-// now, for the writes that follow (not for an answer of the proxy's own on a connection
-// the kernel bounds, ownBound): a client that stops reading its answer (its socket
+// now, for the writes that follow: a client that stops reading its answer (its socket
 // buffers full, for a long answer or for many short ones sent back to back) has its
 // connection closed then, instead of holding it, its goroutine and its buffers for
 // ever. net/http's own WriteTimeout counts from the request's arrival and would cut a
@@ -1009,7 +978,7 @@ func (w *recorder) decide(d limiter.Decision) {
 // of a body nobody read (up to 256 KiB, for at most discard): the deadline allows for
 // that wait too. A forwarded body is left to the handler (full duplex, route.serve).
 func (w *recorder) armWrite() {
-	if w.idle <= 0 || (w.ex == nil && w.ownBound) {
+	if w.idle <= 0 {
 		return
 	}
 	d, ok := w.ResponseWriter.(deadliner)
@@ -1090,11 +1059,8 @@ func (w *recorder) Write(p []byte) (int, error) {
 		w.armWrite()
 		return w.write(p)
 	}
-	// An answer of the proxy's own, whole in memory: the kernel bounds it, or the
-	// header's deadline covers its first piece.
-	if w.ownBound {
-		return w.write(p)
-	}
+	// An answer of the proxy's own, whole in memory: the header's deadline covers its
+	// first piece, and each piece after moves it on.
 	if implicit {
 		w.armWrite()
 	}

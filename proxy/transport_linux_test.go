@@ -43,3 +43,17 @@ func TestCoreSendBuffer(t *testing.T) {
 		t.Errorf("SO_SNDBUF of the connection to Core = %d bytes, want %d (twice the %d asked for, as Linux reports it)", got, 2*want, want)
 	}
 }
+
+// sockopt returns the integer option opt of level (SOL_SOCKET's SO_SNDBUF...) of c's socket.
+func sockopt(c *net.TCPConn, level, opt int) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var got int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		return 0, err
+	}
+	return got, serr
+}
