@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mdproxy/mdproxy/metrics"
 )
 
 // Errors that end an exchange on a stalled or vanished peer. classify and the
@@ -23,6 +26,38 @@ var (
 	// still being read; the read was cut so that the client learns it at once.
 	errCoreGone = errors.New("Core closed the connection before the request body was sent")
 )
+
+// forward sends r to Core and relays Core's answer to rec, within an exchange that
+// bounds both directions (exchange). Once Core's answer is relayed, or cut,
+// rec.forwarded is set.
+func (rt *route) forward(rec *recorder, r *http.Request) {
+	w := rec.ResponseWriter // the server's own: its deadlines, its full duplex
+	ex := newExchange(w, r, rt.bodyIdle)
+	defer ex.finish()
+	rec.ex = ex
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	if hasBody {
+		defer func() { rt.metrics.RequestBytes(ex.reqBytes.Load()) }()
+	} else {
+		ex.bodyDone = true
+	}
+	// The body is wrapped in the copy of r that is forwarded, never in r itself:
+	// net/http looks at r.Body after the handler, to end the connection gently after
+	// a large body left unread (closeWriteAndWait), which it does only for its own
+	// body type.
+	out := r.WithContext(ex.trace(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	if hasBody {
+		// Core may answer before it has the whole body and read on. net/http would
+		// then read the rest of a body under 256 KiB itself before it writes the
+		// answer, taking it from the transport that forwards it (Core's upload cut
+		// short, and a streamed answer with it): full duplex leaves the body to the
+		// transport, and to drain once the answer is written.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		out.Body = &requestBody{body: r.Body, ex: ex}
+	}
+	rt.proxy.ServeHTTP(rec, out)
+	rec.forwarded = true
+}
 
 // exchangeKey is the context key of a forwarded request's *exchange.
 type exchangeKey struct{}
@@ -299,4 +334,53 @@ func exchangeOf(r *http.Request) *exchange {
 func isDeadline(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// timedTransport counts Core's answers by status code, with the time to their
+// headers (metrics.Route.UpstreamAnswered).
+type timedTransport struct {
+	next http.RoundTripper
+	m    *metrics.Route
+}
+
+func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	if err == nil && (resp.StatusCode < 100 || resp.StatusCode > 599) {
+		// RFC 9110, section 15: a status is 100 to 599. net/http reads any three
+		// digits; relayed, 099 read as a 1xx became a 200 of the proxy's, and 999
+		// went to the client and into the metrics' code label.
+		resp.Body.Close()
+		return nil, &badStatusError{resp.StatusCode}
+	}
+	if err == nil {
+		t.m.UpstreamAnswered(resp.StatusCode, time.Since(start))
+		if ex := exchangeOf(r); ex != nil {
+			ex.answered()
+			if resp.Body != nil && resp.Body != http.NoBody {
+				resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
+			}
+		}
+	}
+	return resp, err
+}
+
+// badStatusError is Core's answer with a status outside 100 to 599.
+type badStatusError struct{ code int }
+
+func (e *badStatusError) Error() string {
+	return fmt.Sprintf("Core answered with status %03d, outside 100 to 599", e.code)
+}
+
+// copyBuffers recycles the 32 KiB buffers ReverseProxy copies bodies through.
+var copyBuffers = &bufferPool{sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte { return b.p.Get().(*[32 << 10]byte)[:] }
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == 32<<10 {
+		b.p.Put((*[32 << 10]byte)(buf[:32<<10]))
+	}
 }

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/mdproxy/mdproxy/internal/netx"
 )
 
-// TestCoreSendBuffer: each connection to Core asks for a send buffer of CoreSendBuffer
+// TestCoreSendBuffer: each connection to Core asks for a send buffer of netx.SendBuffer
 // bytes (capped by net.core.wmem_max; Linux reports twice what it grants), where the
 // kernel's default would start at 16 KiB and hold an upload's writes back.
 func TestCoreSendBuffer(t *testing.T) {
@@ -33,7 +35,7 @@ func TestCoreSendBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("getsockopt SO_SNDBUF: %v", err)
 	}
-	want := CoreSendBuffer
+	want := netx.SendBuffer
 	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
 		if max, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && max < want {
 			want = max
