@@ -65,51 +65,46 @@ func TestSilentClientAnswered(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, `{"data_id":"0123456789abcdef0123456789abcdef"}`)
 	})
-	for _, batch := range []int{0, 512 << 10} {
-		t.Run(fmt.Sprintf("read batch %d", batch), func(t *testing.T) {
-			limits := limitSet(t, map[string]limiter.Limit{"batch_open": {Rate: 0.001, Burst: 1}}, newFakeClock())
-			proxyURL, _ := newTestProxy(t, upstream, func(o *Options) {
-				o.BodyIdleTimeout = idle
-				o.UploadReadBatch = batch
-				o.Limits = limits
-			})
-			t.Run("forwarded upload, 100 KiB left", func(t *testing.T) {
-				code, body := silentAfter(t, proxyURL,
-					"POST /file HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n",
-					make([]byte, 1<<20-100<<10))
-				if code != http.StatusRequestTimeout || !strings.Contains(body, `"err"`) {
-					t.Errorf("answer = %d %s, want 408 in Core's error format", code, body)
-				}
-			})
-			t.Run("Core answers early, 100 KiB left", func(t *testing.T) {
-				code, body := silentAfter(t, proxyURL,
-					"POST /file HTTP/1.1\r\nX-Early: 1\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n",
-					make([]byte, 1<<20-100<<10))
-				if code != http.StatusRequestEntityTooLarge || body != `{"err":"too large"}` {
-					t.Errorf("answer = %d %s, want Core's 413 relayed", code, body)
-				}
-			})
-			t.Run("chunked upload refused", func(t *testing.T) {
-				code, body := silentAfter(t, proxyURL, "POST /file HTTP/1.1\r\nTransfer-Encoding: chunked\r\n",
-					[]byte("400\r\n"+strings.Repeat("a", 0x400)+"\r\n"))
-				if code != http.StatusLengthRequired || !strings.Contains(body, `"err"`) {
-					t.Errorf("answer = %d %s, want 411 in Core's error format", code, body)
-				}
-			})
-			t.Run("limit answer", func(t *testing.T) {
-				resp, body := do(t, nil, http.MethodPost, proxyURL+"/file/batch", nil) // takes the one token
-				if resp.StatusCode != http.StatusOK {
-					t.Fatalf("first POST /file/batch = %d %s, want 200 from the upstream", resp.StatusCode, body)
-				}
-				code, answer := silentAfter(t, proxyURL,
-					"POST /file/batch HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2048\r\n",
-					[]byte(`{"`))
-				if code != http.StatusServiceUnavailable || !strings.Contains(answer, `"err"`) {
-					t.Errorf("POST /file/batch over the limit = %d %s, want 503 in Core's error format", code, answer)
-				}
-			})
-		})
-	}
+	limits := limitSet(t, map[string]limiter.Limit{"batch_open": {Rate: 0.001, Burst: 1}}, newFakeClock())
+	proxyURL, _ := newTestProxy(t, upstream, func(o *Options) {
+		o.BodyIdleTimeout = idle
+		o.Limits = limits
+	})
+	t.Run("forwarded upload, 100 KiB left", func(t *testing.T) {
+		code, body := silentAfter(t, proxyURL,
+			"POST /file HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n",
+			make([]byte, 1<<20-100<<10))
+		if code != http.StatusRequestTimeout || !strings.Contains(body, `"err"`) {
+			t.Errorf("answer = %d %s, want 408 in Core's error format", code, body)
+		}
+	})
+	t.Run("Core answers early, 100 KiB left", func(t *testing.T) {
+		code, body := silentAfter(t, proxyURL,
+			"POST /file HTTP/1.1\r\nX-Early: 1\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n",
+			make([]byte, 1<<20-100<<10))
+		if code != http.StatusRequestEntityTooLarge || body != `{"err":"too large"}` {
+			t.Errorf("answer = %d %s, want Core's 413 relayed", code, body)
+		}
+	})
+	t.Run("chunked upload refused", func(t *testing.T) {
+		code, body := silentAfter(t, proxyURL, "POST /file HTTP/1.1\r\nTransfer-Encoding: chunked\r\n",
+			[]byte("400\r\n"+strings.Repeat("a", 0x400)+"\r\n"))
+		if code != http.StatusLengthRequired || !strings.Contains(body, `"err"`) {
+			t.Errorf("answer = %d %s, want 411 in Core's error format", code, body)
+		}
+	})
+	t.Run("limit answer", func(t *testing.T) {
+		resp, body := do(t, nil, http.MethodPost, proxyURL+"/file/batch", nil) // takes the one token
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("first POST /file/batch = %d %s, want 200 from the upstream", resp.StatusCode, body)
+		}
+		code, answer := silentAfter(t, proxyURL,
+			"POST /file/batch HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2048\r\n",
+			[]byte(`{"`))
+		if code != http.StatusServiceUnavailable || !strings.Contains(answer, `"err"`) {
+			t.Errorf("POST /file/batch over the limit = %d %s, want 503 in Core's error format", code, answer)
+		}
+	})
 }
 
 // TestEarlyAnswerDrained: Core's answer to an upload it has not read whole reaches a

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mdproxy/mdproxy/metrics"
 )
 
 // Errors that end an exchange on a stalled or vanished peer. classify and the
@@ -23,6 +26,38 @@ var (
 	// still being read; the read was cut so that the client learns it at once.
 	errCoreGone = errors.New("Core closed the connection before the request body was sent")
 )
+
+// forward sends r to Core and relays Core's answer to rec, within an exchange that
+// bounds both directions (exchange). Once Core's answer is relayed, or cut,
+// rec.forwarded is set.
+func (rt *route) forward(rec *recorder, r *http.Request) {
+	w := rec.ResponseWriter // the server's own: its deadlines, its full duplex
+	ex := newExchange(w, r, rt.bodyIdle)
+	defer ex.finish()
+	rec.ex = ex
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	if hasBody {
+		defer func() { rt.metrics.RequestBytes(ex.reqBytes.Load()) }()
+	} else {
+		ex.bodyDone = true
+	}
+	// The body is wrapped in the copy of r that is forwarded, never in r itself:
+	// net/http looks at r.Body after the handler, to end the connection gently after
+	// a large body left unread (closeWriteAndWait), which it does only for its own
+	// body type.
+	out := r.WithContext(ex.trace(context.WithValue(r.Context(), exchangeKey{}, ex)))
+	if hasBody {
+		// Core may answer before it has the whole body and read on. net/http would
+		// then read the rest of a body under 256 KiB itself before it writes the
+		// answer, taking it from the transport that forwards it (Core's upload cut
+		// short, and a streamed answer with it): full duplex leaves the body to the
+		// transport, and to drain once the answer is written.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		out.Body = &requestBody{body: r.Body, ex: ex}
+	}
+	rt.proxy.ServeHTTP(rec, out)
+	rec.forwarded = true
+}
 
 // exchangeKey is the context key of a forwarded request's *exchange.
 type exchangeKey struct{}
@@ -46,10 +81,6 @@ type exchange struct {
 	ctx    context.Context // the client's request context
 	sub    *submission     // a POST /file the bridge gave a callback URL (the Rewrite sets it); nil otherwise
 	shared bool            // a poll the bridge sends Core, whose answer it reads and shares (askWholeAnswer)
-	batch  *readBatch      // the reads of a large request body; nil: read as they come
-	// unbound is the client connection whose kernel bound (TCP_USER_TIMEOUT) is off
-	// for the exchange, put back by finish; nil: none was taken off.
-	unbound *clientConn
 
 	mu       sync.Mutex
 	core     *coreConn // Core's connection carrying the upload; nil until known
@@ -107,17 +138,8 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	ex.asked = true
 	ex.mu.Unlock()
 
-	if ex.batch != nil {
-		ex.batch.before(ex.reqBytes.Load(), len(p))
-	}
 	n, err := b.body.Read(p)
 	ex.reqBytes.Add(int64(n))
-	if ex.batch != nil {
-		ex.batch.after(ex.reqBytes.Load(), n)
-		if err != nil {
-			ex.batch.end()
-		}
-	}
 	if err == nil {
 		return n, nil
 	}
@@ -235,50 +257,25 @@ func (ex *exchange) coreClosed() {
 }
 
 // finish is called when the handler's exchange ends: the client connection goes back
-// to the server without the receive low-water mark this exchange set, with a read
-// deadline one body idle timeout away while the body is not read to its end (net/http's
-// own reads of it), none after, and with the write deadline of the answer's last write
-// (recorder.armWrite): net/http writes the answer's last bytes after the handler, and
-// a client that stopped reading must not hold that write for ever (net/http clears
-// the deadline once they are out). The kernel's bound of the connection, if it had one
-// (unbindWrites), is put back.
+// to the server with a read deadline one body idle timeout away while the body is not
+// read to its end (net/http's own reads of it), none after, and with the write deadline
+// of the answer's last write (recorder.armWrite): net/http writes the answer's last
+// bytes after the handler, and a client that stopped reading must not hold that write
+// for ever (net/http clears the deadline once they are out).
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.finished = true
-	if ex.unbound != nil && setUserTimeout(ex.unbound.rc, ex.unbound.bound) != nil {
-		ex.unbound.writeBound = false // the proxy's own answers set write deadlines
-	}
 	if ex.core != nil {
 		ex.core.unwatch(ex)
 	}
-	if ex.batch != nil {
-		ex.batch.end()
-	}
-	if ex.idle > 0 {
-		if !ex.bodyDone && ex.requestFailed() == nil {
-			// net/http reads the rest of a body of up to 256 KiB after the handler (and
-			// closes the connection after one longer): that read is bounded like ours
-			// (drain sets its own), or a client gone silent would hold the connection
-			// until it closed it. A body that failed keeps the deadline that cut it,
-			// past already: net/http gives up the rest at once.
-			_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
-		}
-	}
-}
-
-// unbindWrites takes the kernel's bound (TCP_USER_TIMEOUT, Proxy.ConnContext) off the
-// client connection cc for the time of the exchange; finish puts it back. Core's
-// answer is relayed as it comes, each write with a deadline of the body idle timeout,
-// and a client that stops reading it is counted when that deadline cuts it
-// (mdproxy_body_timeouts_total{peer="client"}). The kernel's clock starts when the
-// client's window closes, not at the proxy's last write, and its cut reaches the
-// handler as the client leaving (499): left on, it would cut first, and miscount. It
-// costs two setsockopt(2) calls a forwarded request. Called by the handler's
-// goroutine, before the exchange starts.
-func (ex *exchange) unbindWrites(cc *clientConn) {
-	if setUserTimeout(cc.rc, 0) == nil {
-		ex.unbound = cc
+	if ex.idle > 0 && !ex.bodyDone && ex.requestFailed() == nil {
+		// net/http reads the rest of a body of up to 256 KiB after the handler (and
+		// closes the connection after one longer): that read is bounded like ours
+		// (drain sets its own), or a client gone silent would hold the connection
+		// until it closed it. A body that failed keeps the deadline that cut it,
+		// past already: net/http gives up the rest at once.
+		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 	}
 }
 
@@ -337,4 +334,53 @@ func exchangeOf(r *http.Request) *exchange {
 func isDeadline(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// timedTransport counts Core's answers by status code, with the time to their
+// headers (metrics.Route.UpstreamAnswered).
+type timedTransport struct {
+	next http.RoundTripper
+	m    *metrics.Route
+}
+
+func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	if err == nil && (resp.StatusCode < 100 || resp.StatusCode > 599) {
+		// RFC 9110, section 15: a status is 100 to 599. net/http reads any three
+		// digits; relayed, 099 read as a 1xx became a 200 of the proxy's, and 999
+		// went to the client and into the metrics' code label.
+		resp.Body.Close()
+		return nil, &badStatusError{resp.StatusCode}
+	}
+	if err == nil {
+		t.m.UpstreamAnswered(resp.StatusCode, time.Since(start))
+		if ex := exchangeOf(r); ex != nil {
+			ex.answered()
+			if resp.Body != nil && resp.Body != http.NoBody {
+				resp.Body = &responseBody{ReadCloser: resp.Body, ex: ex}
+			}
+		}
+	}
+	return resp, err
+}
+
+// badStatusError is Core's answer with a status outside 100 to 599.
+type badStatusError struct{ code int }
+
+func (e *badStatusError) Error() string {
+	return fmt.Sprintf("Core answered with status %03d, outside 100 to 599", e.code)
+}
+
+// copyBuffers recycles the 32 KiB buffers ReverseProxy copies bodies through.
+var copyBuffers = &bufferPool{sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte { return b.p.Get().(*[32 << 10]byte)[:] }
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == 32<<10 {
+		b.p.Put((*[32 << 10]byte)(buf[:32<<10]))
+	}
 }

@@ -37,8 +37,7 @@ import (
 )
 
 // newTestProxy starts upstream on a loopback httptest.Server and, in front of it, the
-// proxy built by New on a loopback httptest.Server, its listener wrapped by
-// LazyDeadlines (testResolution) as the sidecar's is. Options start with Upstream set to
+// proxy built by New on a loopback httptest.Server. Options start with Upstream set to
 // the upstream's URL, Metrics from metrics.New on a fresh prometheus.NewRegistry (the
 // returned reg), and a Transport from NewTransport; opts, when not nil, may change any
 // of them (Limits, LimitStatus, TrustedProxies, Transport...) before New is called.
@@ -65,16 +64,10 @@ func newTestProxy(t testing.TB, upstream http.Handler, opts func(*Options)) (pro
 	if err != nil {
 		t.Fatalf("New(%+v) = %v, want no error", o, err)
 	}
-	front := httptest.NewUnstartedServer(p)
-	front.Listener = LazyDeadlines(front.Listener, testResolution, 0) // as the sidecar serves it
-	front.Start()
+	front := httptest.NewServer(p)
 	t.Cleanup(front.Close)
 	return front.URL, reg
 }
-
-// testResolution is the LazyDeadlines resolution of the tests' proxies: shorter than the
-// sidecar's (100 ms), for the tests' deadlines of a second or less.
-const testResolution = 10 * time.Millisecond
 
 // routeProbe is the proxy built by New in front of an upstream that answers 200 in
 // memory, served in process: serve tells the route a request was counted under. Not

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mdproxy/mdproxy/internal/netx"
 )
 
 // TransportOptions tunes NewTransport. Each zero field takes the default given.
@@ -77,7 +79,7 @@ func NewTransport(o TransportOptions) *http.Transport {
 				return nil, err
 			}
 			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetWriteBuffer(CoreSendBuffer) // best effort: the kernel may cap it
+				_ = tc.SetWriteBuffer(netx.SendBuffer) // best effort: the kernel may cap it
 			}
 			return &coreConn{Conn: c, idle: idle, headers: headers, closed: make(chan struct{})}, nil
 		},
@@ -102,18 +104,6 @@ func NewTransport(o TransportOptions) *http.Transport {
 // connection to Core, in bytes: 64 KiB each, 128 KiB a connection, kept while the
 // connection is pooled (MaxIdleConnsPerHost bounds them).
 const transportBufferSize = 64 << 10
-
-// CoreSendBuffer is the socket send buffer asked for each connection to Core
-// (SO_SNDBUF), in bytes: 4 MiB; exported for the peers benchmark's TCP relay, which
-// copies as the proxy does. Linux caps it at net.core.wmem_max and doubles it for its own
-// bookkeeping. An upload moves to Core in writes of up to UploadChunk bytes: with the
-// kernel's default buffer (16 KiB, grown by autotuning) each write waits for Core to
-// read most of the chunk, and the client's next bytes wait unread meanwhile; with room
-// for a few chunks the write returns at once and the proxy reads on. Measured on
-// loopback, 1 GiB uploads: 1480 MB/s with the default, 1740 MB/s with it (direct to the
-// stand-in 2046). It costs nothing while a connection carries small requests: the
-// kernel allocates buffer memory for the bytes queued, not for the size.
-const CoreSendBuffer = 4 << 20
 
 // earlyAnswerGrace bounds how long a failed write to Core is held back so that Core's
 // answer, already on its way, wins over the write error.
@@ -194,51 +184,14 @@ func (c *coreConn) Write(p []byte) (int, error) {
 }
 
 // ReadFrom copies an upload's body from r to Core, as the transport does through its
-// writer's ReadFrom: in reads and writes of up to UploadChunk bytes (io.Copy's own
-// buffer is 32 KiB), each write through Write, with its deadlines. Fewer, larger system
-// calls move an upload faster on one core.
-//
-// At most maxUploadChunks uploads copy with such a buffer at once; the others copy 32
-// KiB at a time, as io.Copy does, so that many slow uploads do not hold a MiB each.
+// writer's ReadFrom: in large chunks (netx.CopyUpload), each write through Write, with
+// its deadlines.
 func (c *coreConn) ReadFrom(r io.Reader) (int64, error) {
-	select {
-	case uploadChunks <- struct{}{}:
-		defer func() { <-uploadChunks }()
-		buf := uploadBuffers.Get().(*[UploadChunk]byte)
-		defer uploadBuffers.Put(buf)
-		return io.CopyBuffer(writerOnly{c}, r, buf[:])
-	default:
-		buf := smallUploadBuffers.Get().(*[smallUploadChunk]byte)
-		defer smallUploadBuffers.Put(buf)
-		return io.CopyBuffer(writerOnly{c}, r, buf[:])
-	}
+	return netx.CopyUpload(writerOnly{c}, r)
 }
 
 // writerOnly hides a writer's ReadFrom from io.CopyBuffer, which would call it back.
 type writerOnly struct{ io.Writer }
-
-// UploadChunk is the most an upload moves to Core in one read and one write, in bytes:
-// 1 MiB, a buffer from a pool for each upload in flight; exported for the peers
-// benchmark's TCP relay, which copies as the proxy does.
-const UploadChunk = 1 << 20
-
-// uploadBuffers recycles the buffers of uploads in flight: one each, 1 MiB (so 10
-// concurrent uploads hold 10 MiB), for at most maxUploadChunks uploads at once (a token
-// each in uploadChunks): 32 MiB in all.
-var uploadBuffers = sync.Pool{New: func() any { return new([UploadChunk]byte) }}
-
-// maxUploadChunks is the most uploads in flight that copy UploadChunk at a time.
-const maxUploadChunks = 32
-
-// uploadChunks holds a token for each upload that copies with a buffer of uploadBuffers.
-var uploadChunks = make(chan struct{}, maxUploadChunks)
-
-// smallUploadChunk is the buffer of the uploads beyond maxUploadChunks, in bytes:
-// io.Copy's.
-const smallUploadChunk = 32 << 10
-
-// smallUploadBuffers recycles the buffers of the uploads beyond maxUploadChunks.
-var smallUploadBuffers = sync.Pool{New: func() any { return new([smallUploadChunk]byte) }}
 
 // Close closes the connection and tells its owner, once.
 func (c *coreConn) Close() error {

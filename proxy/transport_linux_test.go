@@ -9,9 +9,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/mdproxy/mdproxy/internal/netx"
 )
 
-// TestCoreSendBuffer: each connection to Core asks for a send buffer of CoreSendBuffer
+// TestCoreSendBuffer: each connection to Core asks for a send buffer of netx.SendBuffer
 // bytes (capped by net.core.wmem_max; Linux reports twice what it grants), where the
 // kernel's default would start at 16 KiB and hold an upload's writes back.
 func TestCoreSendBuffer(t *testing.T) {
@@ -33,7 +35,7 @@ func TestCoreSendBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("getsockopt SO_SNDBUF: %v", err)
 	}
-	want := CoreSendBuffer
+	want := netx.SendBuffer
 	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
 		if max, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && max < want {
 			want = max
@@ -42,4 +44,18 @@ func TestCoreSendBuffer(t *testing.T) {
 	if got < 2*want {
 		t.Errorf("SO_SNDBUF of the connection to Core = %d bytes, want %d (twice the %d asked for, as Linux reports it)", got, 2*want, want)
 	}
+}
+
+// sockopt returns the integer option opt of level (SOL_SOCKET's SO_SNDBUF...) of c's socket.
+func sockopt(c *net.TCPConn, level, opt int) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var got int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		return 0, err
+	}
+	return got, serr
 }

@@ -54,19 +54,11 @@ type Config struct {
 	// answer, or Core that stops reading an upload or stops sending an answer. The
 	// exchange is then cut and counted. It also bounds the proxy's own answers (a
 	// limit answer, a stored result, a refusal, Core's answer to a bridged poll, read
-	// whole first): on Linux 5.11 or later the kernel closes a connection whose client
-	// has taken none of its data for twice it (TCP_USER_TIMEOUT,
-	// proxy.Proxy.ConnContext), elsewhere each write has a deadline of it; the admin
+	// whole first), each write with a deadline of it; the admin
 	// listener's writes (its write timeout); and on the bridge's listener the reading
 	// of each of Core's callbacks, whole, and the writing of its answer (within twice
 	// it). Default 60s.
 	BodyIdleTimeout time.Duration `env:"BODY_IDLE_TIMEOUT" envDefault:"60s"`
-	// UploadReadBatch is the most bytes of a large request body let queue on the
-	// client's connection before the proxy reads them, in bytes (Linux's SO_RCVLOWAT,
-	// proxy.Options.UploadReadBatch; plain HTTP only, not with MDPROXY_TLS_CERT_FILE).
-	// Default 524288 (512 KiB); 0 reads every body as its bytes come; otherwise from
-	// 65536 to 16777216.
-	UploadReadBatch int `env:"UPLOAD_READ_BATCH" envDefault:"524288"`
 	// MaxConnections is the most client connections the proxy port holds open at once:
 	// beyond it a new one waits in the kernel's backlog until another closes (each open
 	// connection holds memory: README, Memory). Default 1024; from 1 to 1000000.
@@ -253,19 +245,10 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 	return &c, nil
 }
 
-// minReadBatch and maxReadBatch bound MDPROXY_UPLOAD_READ_BATCH, in bytes: the least
-// proxy.New takes, and 16 MiB, past which Linux caps the mark anyway (at half of
-// net.ipv4.tcp_rmem's maximum, 3 MiB by default).
-const (
-	minReadBatch = 64 << 10
-	maxReadBatch = 16 << 20
-)
-
 // maxTimeout bounds the timeouts and delays (MDPROXY_*_TIMEOUT, SHUTDOWN_DELAY,
-// BRIDGE_REFRESH): they are doubled or added up (the kernel's bound of a connection is
-// twice MDPROXY_BODY_IDLE_TIMEOUT), and time.Duration holds about 292 years; a day is
-// beyond any wait a client or Kubernetes makes. maxTTL bounds how long the bridge
-// keeps a pending id or a result.
+// BRIDGE_REFRESH): they are doubled or added up, and time.Duration holds about 292
+// years; a day is beyond any wait a client or Kubernetes makes. maxTTL bounds how long
+// the bridge keeps a pending id or a result.
 const (
 	maxTimeout = 24 * time.Hour
 	maxTTL     = 365 * 24 * time.Hour
@@ -302,7 +285,6 @@ var configWants = map[string]string{
 	"BRIDGE_PENDING_TTL":       "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"BRIDGE_PENDING_MAX_BYTES": "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 33554432)",
 	"STORE_MAX_BYTES":          "want a whole number of bytes from 1048576 (1 MiB) up (e.g. 268435456)",
-	"UPLOAD_READ_BATCH":        fmt.Sprintf("want 0 (off) or a whole number of bytes from %d to %d (e.g. 524288)", minReadBatch, maxReadBatch),
 	"STORE_TTL":                "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"REDIS_URL":                "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":            "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
@@ -385,9 +367,6 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.LimitsFileSettle < minSettle || c.LimitsFileSettle > maxSettle {
 		bad("LIMITS_FILE_SETTLE", configWants["LIMITS_FILE_SETTLE"])
-	}
-	if c.UploadReadBatch != 0 && (c.UploadReadBatch < minReadBatch || c.UploadReadBatch > maxReadBatch) {
-		bad("UPLOAD_READ_BATCH", configWants["UPLOAD_READ_BATCH"])
 	}
 	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
 		bad("MAX_CONNECTIONS", configWants["MAX_CONNECTIONS"])

@@ -108,10 +108,6 @@ func TestLoadConfigRanges(t *testing.T) {
 		{"MDPROXY_REPLICAS", "0", "from 1 up"},
 		{"MDPROXY_REPLICAS", "two", "from 1 up"},
 		{"MDPROXY_REPLICAS", "1001", "at most 1000"},
-		{"MDPROXY_UPLOAD_READ_BATCH", "-1", "0 (off) or a whole number of bytes from 65536 to 16777216"},
-		{"MDPROXY_UPLOAD_READ_BATCH", "4096", "from 65536 to 16777216"},
-		{"MDPROXY_UPLOAD_READ_BATCH", "16777217", "from 65536 to 16777216"},
-		{"MDPROXY_UPLOAD_READ_BATCH", "512KiB", "from 65536 to 16777216"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			_, err := LoadConfig(map[string]string{tc.name: tc.value})

@@ -30,6 +30,7 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 	"github.com/mdproxy/mdproxy/proxy"
+	"golang.org/x/net/netutil"
 )
 
 // Run reads mdproxy's settings from environ (variable name to value; the process
@@ -208,7 +209,6 @@ func startProxy(ctx context.Context, cfg *Config, reg *prometheus.Registry, m *m
 		ClientIPv4Prefix: cfg.ClientIPv4Prefix,
 		UpstreamTimeout:  topts.ResponseHeaderTimeout,
 		BodyIdleTimeout:  topts.BodyIdleTimeout,
-		UploadReadBatch:  cfg.UploadReadBatch,
 		PollBuffers:      answers,
 		Logger:           log,
 	})
@@ -253,10 +253,8 @@ func listen(ctx context.Context, cfg *Config, reg *prometheus.Registry, log *slo
 	s := &servers{al: al, errc: make(chan error, 3)}
 	errLog := serverErrorLog(log)
 	s.proxy = newServer(cfg, h, errLog)
-	// net/http's read deadlines, set a few times a request, are kept in memory and
-	// enforced by one goroutine (proxy.LazyDeadlines), not by a runtime timer each; and
-	// at most MDPROXY_MAX_CONNECTIONS connections are open at once.
-	pl = proxy.LazyDeadlines(pl, deadlineResolution(cfg), cfg.MaxConnections)
+	// At most MDPROXY_MAX_CONNECTIONS connections are open at once.
+	pl = netutil.LimitListener(pl, cfg.MaxConnections)
 	s.pl = cfg.listenTLS(pl, s.proxy, log) // HTTPS when MDPROXY_TLS_CERT_FILE is set
 	// The admin listener takes no bodies and answers small pages: a scraper or probe
 	// that stops reading must not hold a connection longer than a body may idle.
@@ -417,22 +415,10 @@ func shutdownDelay(d time.Duration, hurry <-chan os.Signal, errc <-chan error, l
 	}
 }
 
-// deadlineResolution returns how often the proxy listener's read deadlines are looked
-// at (proxy.LazyDeadlines): every 100 ms, or a tenth of the shortest client timeout
-// (MDPROXY_READ_HEADER_TIMEOUT, MDPROXY_IDLE_TIMEOUT, MDPROXY_BODY_IDLE_TIMEOUT) when
-// that is shorter, at least 1 ms. A timeout fires up to that late. Core's side of a
-// stalled upload waits for its body idle timeout and more (TransportOptions), so the
-// client's own bound, late by a tenth at most, still fires first (408).
-func deadlineResolution(cfg *Config) time.Duration {
-	shortest := min(cfg.ReadHeaderTimeout, cfg.IdleTimeout, cfg.BodyIdleTimeout)
-	return max(min(100*time.Millisecond, shortest/10), time.Millisecond)
-}
-
 // newServer returns the proxy's server for p. It sets no ReadTimeout nor WriteTimeout:
 // they would cut a slow upload of hundreds of MiB or a long sanitized download. Slow
 // clients are bounded by ReadHeaderTimeout and IdleTimeout instead, and the bodies both
-// ways by the proxy's body idle timeout, counted from each read and write; the proxy's
-// own answers by the kernel on Linux, on each connection p.ConnContext sets up.
+// ways by the proxy's body idle timeout, counted from each read and write.
 func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 	return &http.Server{
 		Handler:           p,
@@ -440,7 +426,6 @@ func newServer(cfg *Config, p *proxy.Proxy, errLog *log.Logger) *http.Server {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
-		ConnContext:       p.ConnContext, // MDPROXY_BODY_IDLE_TIMEOUT and MDPROXY_UPLOAD_READ_BATCH on each connection
 	}
 }
 

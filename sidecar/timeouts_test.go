@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -17,8 +16,7 @@ import (
 )
 
 // TestRunClientTimeouts: MDPROXY_READ_HEADER_TIMEOUT and MDPROXY_IDLE_TIMEOUT hold on
-// the proxy's listener, whose read deadlines are kept in memory (proxy.LazyDeadlines,
-// looked at every 30 ms here): a client that sends part of its headers, or sends them a
+// the proxy's listener (net/http's own server timeouts): a client that sends part of its headers, or sends them a
 // byte at a time, is cut once the header timeout has passed, and not before; a
 // kept-alive connection outlives the header timeout and serves a request that comes
 // within the idle timeout, and is closed once the idle timeout has passed after its
@@ -149,30 +147,4 @@ func TestRunClientTimeouts(t *testing.T) {
 			t.Errorf("idle connection closed %v after its last answer, want no sooner than the idle timeout %v", after, idle)
 		}
 	})
-}
-
-// TestDeadlineResolution: the proxy listener's read deadlines are looked at every
-// 100 ms, or a tenth of the shortest client timeout, at least 1 ms.
-func TestDeadlineResolution(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		env  map[string]string
-		want time.Duration
-	}{
-		{nil, 100 * time.Millisecond},
-		{map[string]string{"MDPROXY_READ_HEADER_TIMEOUT": "300ms"}, 30 * time.Millisecond},
-		{map[string]string{"MDPROXY_IDLE_TIMEOUT": "2s"}, 100 * time.Millisecond},
-		{map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "700ms", "MDPROXY_IDLE_TIMEOUT": "900ms"}, 70 * time.Millisecond},
-		{map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "5ms"}, time.Millisecond},
-	} {
-		env := map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
-		maps.Copy(env, tc.env)
-		cfg, err := LoadConfig(env)
-		if err != nil {
-			t.Fatalf("LoadConfig(%v) = %v", env, err)
-		}
-		if got := deadlineResolution(cfg); got != tc.want {
-			t.Errorf("deadlineResolution with %v = %v, want %v", tc.env, got, tc.want)
-		}
-	}
 }

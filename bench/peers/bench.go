@@ -68,21 +68,21 @@ type verification struct {
 
 // bench is one run of the benchmark.
 type bench struct {
-	cfg      config
-	lab      *lab
-	logf     func(format string, args ...any)
-	start    time.Time
-	env      envInfo
-	standin  string // host:port
-	targets  map[string]*target
-	rows     []*row
-	rss      []rssSample
-	rssErr   string
-	storedID string
-	mdBin    string
-	verified []verification
-	notes    []string
-	client   *http.Client
+	cfg       config
+	lab       *lab
+	logf      func(format string, args ...any)
+	start     time.Time
+	env       envInfo
+	standin   string // host:port
+	targets   map[string]*target
+	rows      []*row
+	rss       []rssSample
+	rssErr    string
+	storedIDs map[string]string // the id whose result each bridged mdproxy target stored
+	mdBin     string
+	verified  []verification
+	notes     []string
+	client    *http.Client
 }
 
 // workloadRows are the rows of each workload, in the table's order: the ceiling first.
@@ -134,7 +134,7 @@ func run(ctx context.Context, cfg config, logf func(string, ...any)) (*bench, er
 		return nil, err
 	}
 	load := loadavg()
-	b := &bench{cfg: cfg, logf: logf, start: time.Now(), targets: map[string]*target{},
+	b := &bench{cfg: cfg, logf: logf, start: time.Now(), targets: map[string]*target{}, storedIDs: map[string]string{},
 		lab:    &lab{dir: dir},
 		client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}}
 	defer b.lab.close()
@@ -210,24 +210,33 @@ func (b *bench) setup(ctx context.Context) error {
 				return err
 			}
 		}
-		for _, m := range []struct {
-			key         string
-			bridge      bool
-			rate, burst string
-		}{
-			{"mdproxy", false, "50", "50"},
-			{"mdproxy-fwd", false, "1000000", "1000000"},
-			{"mdproxy-bridge", true, "50", "50"},
-		} {
-			in, err := b.lab.startMdproxy(m.key, b.mdBin, cfg.proxyCPU, b.standin, m.bridge, m.rate, m.burst)
-			if err != nil {
-				return fmt.Errorf("mdproxy: %w", err)
+		for _, v := range append([]variant{{}}, cfg.variants...) {
+			bin := b.mdBin
+			if v.bin != "" {
+				bin = v.bin
 			}
-			add(m.key, "mdproxy", in.addr, "")
+			for _, m := range []struct {
+				key         string
+				bridge      bool
+				rate, burst string
+			}{
+				{"mdproxy", false, "50", "50"},
+				{"mdproxy-fwd", false, "1000000", "1000000"},
+				{"mdproxy-bridge", true, "50", "50"},
+			} {
+				key := variantKey(m.key, v.name)
+				in, err := b.lab.startMdproxy(key, bin, cfg.proxyCPU, b.standin, m.bridge, m.rate, m.burst, v.env...)
+				if err != nil {
+					return fmt.Errorf("mdproxy %s: %w", key, err)
+				}
+				add(key, "mdproxy", in.addr, "")
+			}
 		}
 	} else {
-		for _, k := range []string{"mdproxy", "mdproxy-fwd", "mdproxy-bridge"} {
-			add(k, "mdproxy", "", "")
+		for _, v := range append([]variant{{}}, cfg.variants...) {
+			for _, k := range []string{"mdproxy", "mdproxy-fwd", "mdproxy-bridge"} {
+				add(variantKey(k, v.name), "mdproxy", "", "")
+			}
 		}
 	}
 
@@ -274,13 +283,48 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
+// variantKey is the target key of mdproxy's target key in variant name ("": mdproxy's
+// own).
+func variantKey(key, name string) string {
+	if name == "" {
+		return key
+	}
+	return key + "~" + name
+}
+
+// baseKey is the target key of mdproxy's own that key is a variant of (key itself when
+// it is none), and the variant's name.
+func baseKey(key string) (base, name string) {
+	base, name, _ = strings.Cut(key, "~")
+	return base, name
+}
+
+// mdproxyRow is mdproxy's row of each workload, beside which each variant's row goes.
+var mdproxyRow = map[string]string{"limit": "mdproxy", "forward": "mdproxy-fwd", "upload": "mdproxy", "storehit": "mdproxy-bridge"}
+
+// rowsWanted are workloadRows with a row of each variant after mdproxy's of each
+// workload.
+func (b *bench) rowsWanted() []struct{ workload, label, target string } {
+	var out []struct{ workload, label, target string }
+	for _, wr := range workloadRows {
+		out = append(out, wr)
+		if mdproxyRow[wr.workload] != wr.target || (wr.workload == "upload" && wr.label != "mdproxy (bridge off)") {
+			continue
+		}
+		for _, v := range b.cfg.variants {
+			out = append(out, struct{ workload, label, target string }{wr.workload, wr.label + " [" + v.name + "]", variantKey(wr.target, v.name)})
+		}
+	}
+	return out
+}
+
 // layout makes the rows of the workloads selected.
 func (b *bench) layout() {
 	needWrk := present(b.cfg.bins["wrk"])
 	if needWrk != "" && (b.cfg.workloads["limit"] || b.cfg.workloads["forward"] || b.cfg.workloads["storehit"]) {
 		b.notes = append(b.notes, "wrk is absent ("+needWrk+"): the limit-answer, forwarded-poll and store-hit workloads were not measured.")
 	}
-	for _, wr := range workloadRows {
+	for _, wr := range b.rowsWanted() {
 		if !b.cfg.workloads[wr.workload] {
 			continue
 		}
@@ -293,7 +337,7 @@ func (b *bench) layout() {
 			r.absent = t.absent
 		case wr.workload != "upload" && needWrk != "":
 			r.absent = "wrk absent"
-		case pollsStoredID(wr.workload, wr.target) && b.storedID == "":
+		case pollsStoredID(wr.workload, wr.target) && b.storedIDs[wr.target] == "":
 			r.absent = "no stored result to poll (see the checks)"
 		}
 		if r.absent == "" {
@@ -351,7 +395,8 @@ func (b *bench) round(ctx context.Context, r int) error {
 // mdproxy stored (checkStoreHit) rather than benchID: mdproxy's store hit, whose
 // ceilings answer the same for any id.
 func pollsStoredID(workload, target string) bool {
-	return workload == "storehit" && target == "mdproxy-bridge"
+	base, _ := baseKey(target)
+	return workload == "storehit" && base == "mdproxy-bridge"
 }
 
 // measure takes one sample of rw in round r.
@@ -369,7 +414,7 @@ func (b *bench) measure(ctx context.Context, rw *row, r int) error {
 	}
 	id := benchID
 	if pollsStoredID(rw.workload, rw.target) {
-		id = b.storedID
+		id = b.storedIDs[rw.target]
 	}
 	u := t.base + "/file/" + id
 	if b.cfg.warmup > 0 {

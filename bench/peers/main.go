@@ -32,6 +32,40 @@ type config struct {
 	check               bool
 	bins                map[string]string // nginx, haproxy, caddy, wrk, taskset
 	command             string            // the command line, for the report
+	variants            []variant         // -variant: more mdproxy configurations, measured beside it
+}
+
+// variant is an mdproxy built or configured otherwise (-variant name=bin[,K=V...]):
+// each of its rows is measured in the same rounds as mdproxy's and compared with it
+// round by round, to tell what a piece of mdproxy's machinery buys on this machine.
+type variant struct {
+	name string
+	bin  string   // the binary; "": the mdproxy binary the other rows run
+	env  []string // K=V added to each of its processes' environment
+}
+
+// parseVariant reads a -variant value: name=bin[,K=V...], bin empty for mdproxy's own.
+func parseVariant(s string) (variant, error) {
+	name, rest, ok := strings.Cut(s, "=")
+	if !ok || name == "" || strings.ContainsAny(name, " ~,") {
+		return variant{}, fmt.Errorf("%q: want name=binary[,KEY=VALUE...] (binary empty: mdproxy's own)", s)
+	}
+	parts := strings.Split(rest, ",")
+	v := variant{name: name, bin: parts[0]}
+	for _, kv := range parts[1:] {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return variant{}, fmt.Errorf("%q: %q is not KEY=VALUE", s, kv)
+		}
+		v.env = append(v.env, kv)
+	}
+	if v.bin != "" {
+		abs, err := filepath.Abs(v.bin)
+		if err != nil {
+			return variant{}, err
+		}
+		v.bin = abs
+	}
+	return v, nil
 }
 
 var (
@@ -60,6 +94,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.out, "out", "", "also write the Markdown report to this file")
 	fs.StringVar(&cfg.mdproxyBin, "mdproxy-bin", "", "mdproxy binary to run (default: go build ./cmd/mdproxy into a temporary directory)")
 	fs.BoolVar(&cfg.check, "check", false, "exit 1 when an acceptance criterion of issue 13 fails")
+	fs.Func("variant", "name=binary[,KEY=VALUE...]: also measure mdproxy as this binary (empty: mdproxy's own) with these variables, beside mdproxy in the same rounds (repeatable)", func(s string) error {
+		v, err := parseVariant(s)
+		if err == nil {
+			cfg.variants = append(cfg.variants, v)
+		}
+		return err
+	})
 	for _, b := range []struct{ name, def string }{
 		{"nginx", "/usr/sbin/nginx"}, {"haproxy", "/usr/sbin/haproxy"}, {"caddy", "/usr/bin/caddy"},
 		{"wrk", "/usr/bin/wrk"}, {"taskset", "/usr/bin/taskset"},

@@ -102,7 +102,7 @@ func TestBrief(t *testing.T) {
 			t.Errorf("check of %s (%s): %v", v.target, v.what, v.err)
 		}
 	}
-	if b.storedID == "" {
+	if b.storedIDs["mdproxy-bridge"] == "" {
 		t.Errorf("no stored result: the bridge's store hit was not set up")
 	}
 	wrkPresent := present(cfg.bins["wrk"]) == ""

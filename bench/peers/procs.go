@@ -165,8 +165,9 @@ type mdproxyInstance struct {
 }
 
 // startMdproxy starts bin on a free port, in front of upstream, pinned to cpu with
-// GOMAXPROCS=1, its file_result limit rate/burst, the bridge on or off.
-func (l *lab) startMdproxy(name, bin string, cpu int, upstream string, bridge bool, rate, burst string) (*mdproxyInstance, error) {
+// GOMAXPROCS=1, its file_result limit rate/burst, the bridge on or off, and the
+// variables extra (KEY=VALUE) added last.
+func (l *lab) startMdproxy(name, bin string, cpu int, upstream string, bridge bool, rate, burst string, extra ...string) (*mdproxyInstance, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, err
@@ -186,7 +187,7 @@ func (l *lab) startMdproxy(name, bin string, cpu int, upstream string, bridge bo
 		"MDPROXY_FILE_RESULT_BURST="+burst,
 		"MDPROXY_SHUTDOWN_DELAY=0s",
 	)
-	p, err := l.start(name, cpu, env, bin)
+	p, err := l.start(name, cpu, append(env, extra...), bin)
 	if err != nil {
 		return nil, err
 	}

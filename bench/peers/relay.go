@@ -5,16 +5,15 @@ import (
 	"net"
 	"sync"
 
-	"github.com/mdproxy/mdproxy/proxy"
+	"github.com/mdproxy/mdproxy/internal/netx"
 )
 
 // relay accepts connections on addr until SIGTERM or SIGINT and relays each, byte for
 // byte and knowing nothing of HTTP, to a connection of its own to upstream (host:port):
 // what a process between client and upstream spends moving an upload with no HTTP
 // work, beside direct uploads. With splice false it copies through a buffer of
-// proxy.UploadChunk bytes with a send buffer of proxy.CoreSendBuffer towards upstream,
-// as mdproxy does (though without the receive low-water mark mdproxy sets on a large
-// upload, which needs the body's length to bound it); with splice true Go moves the
+// netx.UploadChunk bytes with a send buffer of netx.SendBuffer towards upstream,
+// as mdproxy does; with splice true Go moves the
 // bytes with Linux splice(2) through a pipe (net.TCPConn.ReadFrom of another TCPConn),
 // never into the process: the zero-copy path the standard library offers.
 func relay(addr, upstream string, splice bool) error {
@@ -48,7 +47,7 @@ func relayConn(c *net.TCPConn, upstream string, splice bool) {
 	}
 	u := uc.(*net.TCPConn)
 	defer u.Close()
-	_ = u.SetWriteBuffer(proxy.CoreSendBuffer) // best effort: the kernel may cap it
+	_ = u.SetWriteBuffer(netx.SendBuffer) // best effort: the kernel may cap it
 	both := func(dst, src *net.TCPConn) {
 		if pipe(dst, src, splice) != nil {
 			_ = c.Close()
@@ -73,7 +72,7 @@ func pipe(dst, src *net.TCPConn, splice bool) error {
 	} else {
 		// Hidden behind plain interfaces, net.TCPConn's ReadFrom and WriteTo, which
 		// would splice, are out of the way: io.CopyBuffer reads into buf and writes it.
-		buf := make([]byte, proxy.UploadChunk)
+		buf := make([]byte, netx.UploadChunk)
 		_, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
 	}
 	if cerr := dst.CloseWrite(); err == nil {

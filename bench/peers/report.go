@@ -360,6 +360,28 @@ func (b *bench) markdown() string {
 			w("| %s | %s | %.0f | %s | %s | %s | %s | %.0f-%.0f | %s |\n", workloadTitles[wl], r.label, f.value, p50, p99, cr, nr, f.lo, f.hi, b.answers(r, f))
 		}
 	}
+	if len(cfg.variants) > 0 {
+		w("\n## Variants against mdproxy\n\n")
+		for _, v := range cfg.variants {
+			bin := "mdproxy's binary"
+			if v.bin != "" {
+				bin = v.bin
+			}
+			w("- %s: %s, with %s\n", v.name, bin, cell(strings.Join(append([]string{"its defaults"}, v.env...), ", ")))
+		}
+		w("\n| workload | variant | ratio to mdproxy (median of the rounds' ratios) | rounds |\n|---|---|---|---|\n")
+		for _, r := range b.rows {
+			base, name := baseKey(r.target)
+			if name == "" {
+				continue
+			}
+			if v, n, ok := ratio(r, b.find(r.workload, base)); ok {
+				w("| %s | %s | %.3f | %d |\n", workloadTitles[r.workload], name, v, n)
+			} else {
+				w("| %s | %s | - | 0 |\n", workloadTitles[r.workload], name)
+			}
+		}
+	}
 	if cfg.workloads["rss"] {
 		w("\nmdproxy's resident memory (bridge on, a fresh process each round), %d concurrent uploads of %s: ", cfg.rssUploads, size(cfg.rssSize))
 		if len(b.rss) == 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -42,7 +43,16 @@ func (b *bench) verify(ctx context.Context) {
 		if !b.cfg.workloads[w] && !(w == "upload" && b.cfg.workloads["rss"]) {
 			continue
 		}
+		var keys []string
 		for _, key := range verifyTargets[w] {
+			keys = append(keys, key)
+			if strings.HasPrefix(key, "mdproxy") {
+				for _, v := range b.cfg.variants {
+					keys = append(keys, variantKey(key, v.name))
+				}
+			}
+		}
+		for _, key := range keys {
 			t := b.targets[key]
 			if t == nil || t.absent != "" {
 				continue
@@ -196,7 +206,7 @@ func (b *bench) checkStoreHit(ctx context.Context, t *target) error {
 	if n := after.Gets - mid.Gets; n != 0 {
 		return fmt.Errorf("%d of 20 polls of the stored id reached the stand-in: not a store hit", n)
 	}
-	b.storedID = sub.DataID
+	b.storedIDs[t.key] = sub.DataID
 	return nil
 }
 

@@ -6,6 +6,55 @@ import (
 	"strings"
 )
 
+// rewrite returns the route's Rewrite of the requests it forwards to Core (Rewrite, not
+// Director: hop-by-hop headers named in Connection are removed after the rewrite, not
+// before it, golang/go#53002): Core's URL with the client's path spelling and
+// encoding, the forwarding fields (setForwarded), no protocol upgrade, no Expect from
+// an HTTP/1.0 client, no field that overrides the path or method, and for the answers
+// the bridge reads, a question for Core's whole answer (askWholeAnswer) and a
+// submission's callback URL (bridgeSubmission).
+func (rt *route) rewrite(opts Options) func(*httputil.ProxyRequest) {
+	upstream, trusted := opts.Upstream, opts.TrustedProxies
+	return func(pr *httputil.ProxyRequest) {
+		pr.SetURL(upstream) // keeps the client's path spelling and encoding
+		// A trusted load balancer's view of the client is kept; an untrusted peer's
+		// claims are dropped, so Core sees no forged address or scheme.
+		setForwarded(pr, trusted)
+		// Core's API has no protocol upgrade: a tunnel would carry requests past the
+		// limiter and the metrics. The request goes on as a plain one, and a 101 from
+		// Core fails as a protocol the client did not ask for (502).
+		if pr.Out.Header["Upgrade"] != nil {
+			delete(pr.Out.Header, "Upgrade")
+			delete(pr.Out.Header, "Connection")
+		}
+		// An HTTP/1.0 client cannot take 100 Continue (RFC 9110, section 15.2): Core
+		// must not wait to send one before reading the body.
+		if !pr.In.ProtoAtLeast(1, 1) {
+			delete(pr.Out.Header, "Expect")
+		}
+		// The route and the limit were decided on the request line: header fields
+		// with which some servers take another path or method do not reach Core.
+		for _, k := range overrideFields {
+			delete(pr.Out.Header, k)
+		}
+		b := rt.bridged
+		if b == nil || !b.readsAnswer {
+			return
+		}
+		if ex := exchangeOf(pr.In); !b.poll || (ex != nil && ex.shared) {
+			askWholeAnswer(pr.Out.Header)
+			if rt.submit && ex != nil {
+				ex.sub = rt.bridgeSubmission(pr.Out, pr.In)
+			}
+		}
+	}
+}
+
+// overrideFields are the request header fields (canonical keys) with which some servers
+// and frameworks replace a request's path (IIS's URL Rewrite) or method (method
+// override), which mdproxy does not forward.
+var overrideFields = [...]string{"X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
 // forwardedFields are the request header fields (canonical keys), other than
 // X-Forwarded-For, -Host and -Proto, in which a proxy tells the server behind it what
 // it saw of the client: its address (X-Real-IP), the port, path prefix, URI and method

@@ -3,12 +3,9 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,27 +15,6 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
-
-// Bridge is what the proxy needs of the bridge (package bridge): a callback URL for
-// each submission that brings none, the record of what Core accepted, and the answer to
-// a poll of a data_id from what the bridge knows. *bridge.Bridge implements it.
-type Bridge interface {
-	Callback() (callbackURL, secret string, err error)
-	Submitted(dataID, secret string, owner bridge.Owner)
-	Poll(dataID string, owner bridge.Owner) bridge.Answer
-	Observe(dataID string, owner bridge.Owner, body []byte, contentType string)
-	Gone(dataID string, owner bridge.Owner)
-	NotAsked(dataID string, owner bridge.Owner)
-	LoggedOut(owner bridge.Owner)
-	CallbackPrefix() string
-}
-
-var _ Bridge = (*bridge.Bridge)(nil)
-
-// maxSubmitAnswer bounds the part of Core's answer to POST /file that the proxy reads to
-// learn the data_id, and Core's webhook status it redacts, in bytes: 64 KiB. Core
-// answers both with a small JSON object; each request in flight may hold this much.
-const maxSubmitAnswer = 64 << 10
 
 // DefaultPollBufferBytes is Options.PollBufferBytes' default: 64 MiB of Core's answers
 // to bridged polls held at once.
@@ -50,149 +26,6 @@ const DefaultPollBufferBytes = 64 << 20
 // object. A larger one gets 502. 64 KiB: each poll asking Core may hold this much,
 // outside the budget.
 const maxPollError = 64 << 10
-
-// submission is a POST /file the bridge registered a callback for.
-type submission struct {
-	secret string
-	owner  bridge.Owner
-}
-
-// bridgeSubmission gives out, the request forwarded to Core for the POST /file in, the
-// callback URL of the bridge's listener when it has no callbackurl of its own, and
-// returns what to record once Core accepts it; nil for a submission that brings its own
-// callbackurl, the client's business. It runs in the route's Rewrite, on the header as
-// forwarded: httputil.ReverseProxy has removed the hop-by-hop fields, so a callbackurl
-// the client names in Connection, which Core would never receive (RFC 9110, section
-// 7.6.1), is none; and a submission the limit refuses is given no secret.
-func (rt *route) bridgeSubmission(out, in *http.Request) *submission {
-	if out.Header.Get("callbackurl") != "" {
-		return nil
-	}
-	cb, secret, err := rt.bridge.Callback()
-	if err != nil {
-		rt.log.Warn("bridge: no callback URL; the submission is forwarded without one", "err", err.Error())
-		return nil
-	}
-	out.Header["Callbackurl"] = []string{cb}
-	return &submission{secret: secret, owner: rt.ownerOf(in)}
-}
-
-// askWholeAnswer makes h, the header of a request forwarded to Core whose answer the
-// proxy reads (a bridged submission or poll, the webhook status it redacts) or shares
-// between clients (a bridged poll), ask for Core's whole answer as it is: unencoded
-// (Accept-Encoding: identity, RFC 9110, section 12.5.3) and with no Range (section
-// 14.2) or precondition (section 13.1), each of which a server may ignore. Otherwise a
-// gzip or a partial answer hides a callback secret from the redaction or a data_id
-// from the bridge, and a 206, a 304 or a gzip answer to one client's poll reaches
-// another, whose request asked none of it.
-func askWholeAnswer(h http.Header) {
-	for _, k := range [...]string{"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"} {
-		delete(h, k)
-	}
-	h["Accept-Encoding"] = identity
-}
-
-// identity is the Accept-Encoding value of askWholeAnswer.
-var identity = []string{"identity"}
-
-// acceptedCutError is Core's 200 to a submission that broke off before the proxy read
-// it whole: Core took the file, and its data_id was lost on the way.
-type acceptedCutError struct{ err error }
-
-func (e *acceptedCutError) Error() string {
-	return "Core's answer to a submission broke off: " + e.err.Error()
-}
-
-func (e *acceptedCutError) Unwrap() error { return e.err }
-
-// recordSubmission is the submit route's ModifyResponse: when Core accepted a bridged
-// submission, the data_id it answered is recorded as pending. Core's answer reaches the
-// client unchanged.
-func (rt *route) recordSubmission(resp *http.Response) error {
-	ex := exchangeOf(resp.Request)
-	if ex == nil || ex.sub == nil || resp.StatusCode != http.StatusOK {
-		return nil
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
-	if err != nil {
-		return &acceptedCutError{err}
-	}
-	// What was read, then the rest of Core's answer (an answer over maxSubmitAnswer names
-	// no data_id the bridge records, but reaches the client whole).
-	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
-	var answer struct {
-		DataID string `json:"data_id"`
-	}
-	if len(body) > maxSubmitAnswer || json.Unmarshal(body, &answer) != nil || answer.DataID == "" {
-		rt.log.Warn("bridge: Core's answer to a submission names no data_id; its result will be polled from Core")
-		return nil
-	}
-	rt.bridge.Submitted(answer.DataID, ex.sub.secret, ex.sub.owner)
-	return nil
-}
-
-// recordLogout is the logout route's ModifyResponse with the bridge on: when Core ended
-// a session (200 to POST /logout), the bridge answers that apikey's polls from nothing
-// it kept any more (Bridge.LoggedOut): Core decides them, as it does without the bridge.
-func (rt *route) recordLogout(resp *http.Response) error {
-	if resp.StatusCode == http.StatusOK {
-		rt.bridge.LoggedOut(rt.ownerOf(resp.Request))
-	}
-	return nil
-}
-
-// redactSecrets is the webhook_status route's ModifyResponse with the bridge on: Core's
-// answer to GET /file/webhook/{data_id} shows the callback URL of a submission, and for a
-// bridged one that URL holds the secret that makes a callback believed. The secret is
-// replaced by "redacted", however the URL is spelt (secretsPattern); the rest of the
-// answer reaches the client unchanged, its Content-Length adjusted.
-func (rt *route) redactSecrets(resp *http.Response) error {
-	if ce := resp.Header.Get("Content-Encoding"); (ce != "" && !strings.EqualFold(ce, "identity")) || resp.StatusCode == http.StatusPartialContent {
-		// askWholeAnswer asked for none of these: what cannot be read whole is not
-		// relayed, rather than a secret.
-		return fmt.Errorf("Core's webhook status came encoded (%q) or partial (%d): it cannot be redacted", ce, resp.StatusCode)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSubmitAnswer+1))
-	if err != nil {
-		return fmt.Errorf("reading Core's webhook status: %w", err)
-	}
-	if len(body) > maxSubmitAnswer {
-		// Not a webhook status of Core's size: nothing of it is relayed rather than a
-		// secret.
-		return fmt.Errorf("Core's webhook status is over %d bytes", maxSubmitAnswer)
-	}
-	resp.Body.Close()
-	body = rt.secrets.ReplaceAll(body, []byte("${1}redacted"))
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
-	// Sent whole with its length: no trailer section follows (Core's, read with the
-	// body, are not relayed), so none is announced.
-	delete(resp.Header, "Trailer")
-	resp.Trailer = nil
-	return nil
-}
-
-// secretsPattern matches the bridge's callback secrets in Core's webhook status however
-// their URL is spelt: callbackPath (the path of Bridge.CallbackPrefix) in any case, each
-// slash as written, JSON-escaped (\/, \u002f) or percent-encoded (%2F), then the
-// secret, 64 hex digits; the first group is what precedes the secret. The scheme and
-// host are not matched, since Core may spell them otherwise (in upper case, localhost
-// for 127.0.0.1): a client's own callbackurl with that path and a 64-digit token is
-// redacted too, rather than a secret let through.
-func secretsPattern(callbackPath string) *regexp.Regexp {
-	parts := strings.Split(callbackPath, "/")
-	for i, p := range parts {
-		parts[i] = regexp.QuoteMeta(p)
-	}
-	const slash = `(?:/|\\/|\\u002f|%2f)`
-	return regexp.MustCompile(`(?i)(` + strings.Join(parts, slash) + `)[0-9a-f]{64}`)
-}
-
-type readCloser struct {
-	io.Reader
-	io.Closer
-}
 
 // bridgedID returns the data_id of a poll the bridge answers: GET or HEAD
 // /file/{data_id} spelt as Core's API writes it (no escape, no empty segment, no
@@ -216,13 +49,13 @@ func bridgedID(u *url.URL) (string, bool) {
 // when Core may not be asked now, its pending answer stands.
 func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	owner := rt.ownerOf(r)
-	a := rt.bridge.Poll(id, owner)
+	a := rt.bridged.bridge.Poll(id, owner)
 	if a.Release != nil {
 		defer a.Release() // a result read from Redis: its bytes held until written
 	}
 	switch a.Source {
 	case bridge.Stored, bridge.Pending:
-		rt.polls[a.Source].Inc()
+		rt.metrics.BridgePoll(a.Source.String())
 		rec.decision = a.Source.String()
 		h := rec.Header()
 		h["Date"] = dateValue(rec.start) // answered from memory (or Redis) at once
@@ -242,12 +75,12 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	held := false       // this poll holds f's buffered answer (bufferHold)
 	wait := r.Context() // the wait for a token this poll may have, should it ask Core itself
 	for {
-		v, _, _ := rt.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, wait, id, owner), nil })
+		v, _, _ := rt.bridged.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, wait, id, owner), nil })
 		f = v.(*fetched)
 		if f.leader == rec && f.streamed {
 			// Core's answer went to this client as it came.
 			rec.decide(f.decision)
-			rt.polls[bridge.Miss].Inc()
+			rt.metrics.BridgePoll(bridge.Miss.String())
 			if f.cut {
 				panic(http.ErrAbortHandler) // counted by ServeHTTP (countCut)
 			}
@@ -273,7 +106,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	unanswered := !f.decision.Pass() || f.canceled || f.aborted ||
 		f.status >= 500 || f.status == http.StatusTooManyRequests
 	if a.Source == bridge.Overdue && unanswered {
-		rt.bridge.NotAsked(id, owner) // the next poll asks again
+		rt.bridged.bridge.NotAsked(id, owner) // the next poll asks again
 	}
 	rec.decide(f.decision) // each poll counts the decision it shares
 	switch {
@@ -281,16 +114,16 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		abort(rec) // this client left while waiting
 	case a.Source == bridge.Overdue && unanswered:
 		// A file the client submitted: its pending answer, never an error or a 503.
-		rt.polls[bridge.Pending].Inc()
+		rt.metrics.BridgePoll(bridge.Pending.String())
 		writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
 	case f.aborted:
 		// Nothing of Core's answer was sent: the client learns it failed, and the
 		// request is counted under the proxy's status, not as a client that left.
 		writeError(rec, f.failStatus, f.failMsg)
 	case !f.decision.Pass():
-		rt.writeLimit(rec, f.decision)
+		rt.limit.write(rec, f.decision)
 	default:
-		rt.polls[bridge.Miss].Inc()
+		rt.metrics.BridgePoll(bridge.Miss.String())
 		h := rec.Header()
 		for k, v := range f.header {
 			h[k] = v
@@ -311,25 +144,6 @@ func (rt *route) waitLeft(ctx context.Context, start time.Time) context.Context 
 		return ctx
 	}
 	return limiter.WithMaxWait(ctx, held.l.Limit().MaxWait-time.Since(start))
-}
-
-// ownerOf returns the bridge's owner of r: the SHA-256 of its apikey. The last apikey
-// seen and its owner are kept, since a client polls with one key in a loop and the
-// hash would otherwise be computed anew for each poll.
-func (rt *route) ownerOf(r *http.Request) bridge.Owner {
-	key := apikeyOf(r)
-	if m := rt.lastOwner.Load(); m != nil && m.apikey == key {
-		return m.owner
-	}
-	m := &ownerMemo{apikey: key, owner: bridge.OwnerOf(key)}
-	rt.lastOwner.Store(m)
-	return m.owner
-}
-
-// ownerMemo is an apikey and its owner.
-type ownerMemo struct {
-	apikey string
-	owner  bridge.Owner
 }
 
 // fetched is Core's answer to a poll: buffered to be shared by every poll waiting on it,
@@ -369,7 +183,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 	if !f.decision.Pass() {
 		return f
 	}
-	buf := &bufferWriter{header: http.Header{}, budget: rt.pollBuffers, leader: rec}
+	buf := &bufferWriter{header: http.Header{}, budget: rt.bridged.buffers, leader: rec}
 	ex := newExchange(buf, r, 0)
 	ex.bodyDone = true
 	ex.shared = true
@@ -393,13 +207,13 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 			}
 			if ctx.Err() != nil { // the client that asked left mid-answer
 				f.canceled = true
-				rt.upstreamErrors[metrics.KindCanceled].get().Inc()
+				rt.metrics.UpstreamError(metrics.KindCanceled)
 			} else if coreErr := ex.responseFailed(); isDeadline(coreErr) {
-				rt.bodyTimeouts.WithLabelValues(rt.name, metrics.PeerCore).Inc()
-				rt.upstreamErrors[metrics.KindTimeout].get().Inc()
+				rt.metrics.BodyTimeout(metrics.PeerCore)
+				rt.metrics.UpstreamError(metrics.KindTimeout)
 				f.failStatus, f.failMsg = http.StatusGatewayTimeout, fmt.Sprintf("Core's answer made no progress for %v.", rt.bodyIdle)
 			} else {
-				rt.upstreamErrors[metrics.KindReset].get().Inc()
+				rt.metrics.UpstreamError(metrics.KindReset)
 			}
 		}
 	}()
@@ -419,7 +233,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 		return f
 	}
 	f.status, f.header, f.body = buf.status, buf.final, buf.body.Bytes()
-	f.hold = &bufferHold{budget: rt.pollBuffers, n: buf.charged, charged: buf.charged > 0, polls: 1}
+	f.hold = &bufferHold{budget: rt.bridged.buffers, n: buf.charged, charged: buf.charged > 0, polls: 1}
 	if f.status == 0 { // no status and no body written: not from ReverseProxy
 		f.status, f.header = http.StatusOK, buf.header
 	}
@@ -427,9 +241,9 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 	case f.status == http.StatusOK && r.Method == http.MethodGet && r.URL.RawQuery == "" && !r.URL.ForceQuery:
 		// Only the answer to the plain question is the result to store: one to a query
 		// may be a part of it.
-		rt.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
+		rt.bridged.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
 	case f.status == http.StatusNotFound && r.URL.RawQuery == "" && !r.URL.ForceQuery:
-		rt.bridge.Gone(id, owner) // no callback will come for a scan Core lost
+		rt.bridged.bridge.Gone(id, owner) // no callback will come for a scan Core lost
 	}
 	return f
 }
@@ -600,11 +414,11 @@ func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string
 // is kept: a client polling a finished scan gets the same answer, of the same length,
 // each time.
 func (rt *route) contentLength(n int) []string {
-	if m := rt.lastCL.Load(); m != nil && m.n == n {
+	if m := rt.bridged.lastCL.Load(); m != nil && m.n == n {
 		return m.v
 	}
 	m := &lengthMemo{n: n, v: []string{strconv.Itoa(n)}}
-	rt.lastCL.Store(m)
+	rt.bridged.lastCL.Store(m)
 	return m.v
 }
 
@@ -621,10 +435,10 @@ func (rt *route) contentType(ct string) []string {
 	if ct == "" {
 		return jsonContentType
 	}
-	if v := rt.lastCT.Load(); v != nil && (*v)[0] == ct {
+	if v := rt.bridged.lastCT.Load(); v != nil && (*v)[0] == ct {
 		return *v
 	}
 	v := []string{ct}
-	rt.lastCT.Store(&v)
+	rt.bridged.lastCT.Store(&v)
 	return v
 }
