@@ -74,7 +74,7 @@ func goMemLimit(v string) int64 {
 	return 0
 }
 
-// TestManifestMemoryFitsREADME: the README's memory table adds up to its total, and the
+// TestManifestMemoryFitsREADME: the memory table of docs/operations.md adds up to its total, and the
 // mdproxy containers of deploy/kubernetes/ (the sidecar and the gateway example), whose
 // settings the table's rows count at their defaults, set GOMEMLIMIT at least gcMargin
 // above that total (with Redis, redisClientMem more) and a memory limit at least
@@ -116,7 +116,7 @@ func TestManifestMemoryFitsREADME(t *testing.T) {
 				}
 				limit := goMemLimit(env["GOMEMLIMIT"])
 				if limit < need {
-					t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the README's memory table's %d MiB and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
+					t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the memory table's %d MiB (docs/operations.md) and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
 				}
 				if mem := quantityBytes(c.Resources.Limits["memory"]); mem < limit+nonHeapMargin {
 					t.Errorf("%s: memory limit %q, want at least %d MiB: GOMEMLIMIT and %d MiB for what is not Go's heap", where, c.Resources.Limits["memory"], (limit+nonHeapMargin)>>20, nonHeapMargin>>20)
