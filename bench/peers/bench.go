@@ -532,7 +532,7 @@ func (b *bench) measureRSS(ctx context.Context) (rssSample, error) {
 		return s, err
 	}
 	defer b.lab.remove(in.p)
-	pid := in.p.cmd.Process.Pid
+	pid := in.p.Cmd.Process.Pid
 	base := "http://" + in.addr
 	// Warm it: a small upload and a poll, as a running sidecar has seen both.
 	if _, err := upload(ctx, base+"/file", 64<<10); err != nil {

@@ -93,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.proxyCPU, "proxy-cpu", 1, "CPU of the proxy under test (every proxy and bare server)")
 	fs.StringVar(&cfg.out, "out", "", "also write the Markdown report to this file")
 	fs.StringVar(&cfg.mdproxyBin, "mdproxy-bin", "", "mdproxy binary to run (default: go build ./cmd/mdproxy into a temporary directory)")
-	fs.BoolVar(&cfg.check, "check", false, "exit 1 when an acceptance criterion of issue 13 fails")
+	fs.BoolVar(&cfg.check, "check", false, "exit 1 when an acceptance criterion fails")
 	fs.Func("variant", "name=binary[,KEY=VALUE...]: also measure mdproxy as this binary (empty: mdproxy's own) with these variables, beside mdproxy in the same rounds (repeatable)", func(s string) error {
 		v, err := parseVariant(s)
 		if err == nil {

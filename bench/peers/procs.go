@@ -7,22 +7,19 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
+
+	"github.com/mdproxy/mdproxy/internal/child"
 )
 
-// proc is a process the benchmark started, in a process group of its own (nginx's
-// workers are in it too), killed with its parent (Pdeathsig) should the benchmark die.
+// proc is a process the benchmark started (internal/child), in a process group of its
+// own (nginx's workers are in it too), killed with its parent should the benchmark die.
 type proc struct {
 	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
+	*child.Proc
+	log string
 }
 
 // lab holds the temporary directory and every process started in it.
@@ -59,16 +56,13 @@ func (l *lab) start(name string, cpu int, env []string, argv ...string) (*proc, 
 	if l.taskset != "" {
 		argv = append([]string{l.taskset, "-c", strconv.Itoa(cpu)}, argv...)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = env
-	cmd.Dir = l.dir
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
+	cp, err := child.Start(context.Background(), argv[0], child.Options{
+		Args: argv[1:], Env: env, Dir: l.dir, Group: true, Log: f, Name: name,
+	})
+	if err != nil {
+		return nil, err
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
+	p := &proc{name: name, Proc: cp, log: logPath}
 	l.procs = append(l.procs, p)
 	return p, nil
 }
@@ -88,8 +82,8 @@ func (p *proc) waitListening(addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before listening on %s: %s", p.name, p.err, addr, p.logTail())
+		case <-p.Done():
+			return fmt.Errorf("%s exited (%v) before listening on %s: %s", p.name, p.Err(), addr, p.logTail())
 		default:
 		}
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
@@ -106,23 +100,7 @@ func (p *proc) waitListening(addr string, timeout time.Duration) error {
 
 // stop ends p's process group: SIGTERM, SIGKILL after 5 s, and SIGKILL to whatever is
 // left of the group once its leader exited (a worker that outlived its master).
-func (p *proc) stop() {
-	pgid := p.cmd.Process.Pid
-	select {
-	case <-p.done:
-	default:
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	if syscall.Kill(-pgid, 0) == nil {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	}
-}
+func (p *proc) stop() { _ = p.Stop(5 * time.Second) }
 
 // close stops every process still running, the last started first.
 func (l *lab) close() {
@@ -385,31 +363,9 @@ func twoPorts() (string, string, error) {
 // buildMdproxy builds ./cmd/mdproxy of the module the working directory is in into
 // dir and returns the binary's path.
 func buildMdproxy(ctx context.Context, dir string) (string, error) {
-	goBin := goTool()
-	out, err := exec.CommandContext(ctx, goBin, "env", "GOMOD").Output()
+	bin, err := child.Build(ctx, dir, "github.com/mdproxy/mdproxy/cmd/mdproxy")
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("not inside the mdproxy module: run from the repository or give -mdproxy-bin")
-	}
-	bin := filepath.Join(dir, "mdproxy")
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, "./cmd/mdproxy")
-	cmd.Dir = filepath.Dir(mod)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/mdproxy: %w: %s", err, out)
+		return "", fmt.Errorf("%w (run from the repository or give -mdproxy-bin)", err)
 	}
 	return bin, nil
-}
-
-// goTool is the go command: on PATH, else the Go this program was built with.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	if p := filepath.Join(os.Getenv("GOROOT"), "bin", "go"); os.Getenv("GOROOT") != "" {
-		return p
-	}
-	return "/usr/local/go/bin/go"
 }

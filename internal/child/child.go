@@ -82,6 +82,11 @@ type Options struct {
 	Timeout time.Duration
 	// Name is what errors call the child; empty: the binary's file name.
 	Name string
+	// Dir is the child's working directory; empty: the parent's.
+	Dir string
+	// Group runs the child in a process group of its own (on Linux, killed should the
+	// parent die), so that Stop also ends the processes it started (nginx's workers).
+	Group bool
 }
 
 // Proc is a child process started by Start. Its methods are safe for concurrent use.
@@ -92,6 +97,7 @@ type Proc struct {
 	// Options.Ready.
 	Ready map[string]any
 
+	group    bool          // Options.Group
 	done     chan struct{} // closed once the child has exited and been waited for
 	waitErr  error         // Wait's result, set before done is closed
 	stopOnce sync.Once
@@ -113,11 +119,15 @@ func Start(ctx context.Context, bin string, opts Options) (*Proc, error) {
 	if opts.Stdout != nil {
 		cmd.Stdout = opts.Stdout
 	}
+	cmd.Dir = opts.Dir
+	if opts.Group {
+		cmd.SysProcAttr = groupAttr()
+	}
 	cmd.WaitDelay = 5 * time.Second // a grandchild holding the pipes open
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &Proc{Cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Cmd: cmd, group: opts.Group, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		lw.flush()
@@ -186,24 +196,37 @@ func (p *Proc) ExitCode() int {
 func (p *Proc) Signal(sig os.Signal) error { return p.Cmd.Process.Signal(sig) }
 
 // Stop ends the child, if it still runs, with SIGTERM, and with SIGKILL after grace;
-// waits for it; and returns Wait's error (nil for exit status 0). It is idempotent.
+// waits for it; and returns Wait's error (nil for exit status 0). With Options.Group
+// the signals go to its process group, and whatever is left of the group once the
+// child has exited is killed. It is idempotent.
 func (p *Proc) Stop(grace time.Duration) error {
 	p.stopOnce.Do(func() {
-		if p.Exited() {
-			return
+		if !p.Exited() {
+			p.signal(syscall.SIGTERM)
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			select {
+			case <-p.done:
+			case <-t.C:
+				p.signal(syscall.SIGKILL)
+				<-p.done
+			}
 		}
-		_ = p.Cmd.Process.Signal(syscall.SIGTERM)
-		t := time.NewTimer(grace)
-		defer t.Stop()
-		select {
-		case <-p.done:
-		case <-t.C:
-			_ = p.Cmd.Process.Kill()
-			<-p.done
+		if p.group {
+			killGroup(p.Cmd.Process.Pid)
 		}
 	})
 	<-p.done
 	return p.waitErr
+}
+
+// signal sends sig to the child, or to its process group with Options.Group.
+func (p *Proc) signal(sig syscall.Signal) {
+	if p.group {
+		signalGroup(p.Cmd.Process.Pid, sig)
+		return
+	}
+	_ = p.Cmd.Process.Signal(sig)
 }
 
 // lineWriter takes the child's output: it passes whole lines on, hands over the

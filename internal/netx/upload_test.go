@@ -3,6 +3,7 @@ package netx
 import (
 	"bytes"
 	"io"
+	"net"
 	"testing"
 )
 
@@ -63,5 +64,87 @@ func BenchmarkCopyUpload(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRelayUpload relays 64 MiB over loopback TCP as mdproxy relays an upload to
+// Core: a sender writing 32 KiB at a time (Go's HTTP clients), the relay reading its
+// connection and writing to a second one, a receiver reading it all. It compares
+// CopyUpload with io.Copy, each with the socket send buffer of SendBuffer and with the
+// kernel's default: the gain the README's figure states.
+func BenchmarkRelayUpload(b *testing.B) {
+	const size = 64 << 20
+	for _, bc := range []struct {
+		name    string
+		cp      func(io.Writer, io.Reader) (int64, error)
+		sendBuf bool
+	}{
+		{"chunks+sndbuf", CopyUpload, true},
+		{"chunks", CopyUpload, false},
+		{"io.Copy+sndbuf", io.Copy, true},
+		{"io.Copy", io.Copy, false},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				relayOnce(b, size, bc.cp, bc.sendBuf)
+			}
+		})
+	}
+}
+
+// relayOnce moves size bytes from a sender through a relay to a receiver, all on
+// loopback, and returns when the receiver has them all.
+func relayOnce(b *testing.B, size int, cp func(io.Writer, io.Reader) (int64, error), sendBuf bool) {
+	sink, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	relay, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer relay.Close()
+	received := make(chan int64, 1)
+	go func() {
+		c, err := sink.Accept()
+		if err != nil {
+			received <- -1
+			return
+		}
+		defer c.Close()
+		n, _ := io.Copy(io.Discard, c)
+		received <- n
+	}()
+	go func() {
+		in, err := relay.Accept()
+		if err != nil {
+			return
+		}
+		defer in.Close()
+		out, err := net.Dial("tcp", sink.Addr().String())
+		if err != nil {
+			return
+		}
+		defer out.Close()
+		if sendBuf {
+			_ = out.(*net.TCPConn).SetWriteBuffer(SendBuffer)
+		}
+		_, _ = cp(struct{ io.Writer }{out}, struct{ io.Reader }{in}) // as a request body: no WriterTo, no ReaderFrom
+	}()
+	c, err := net.Dial("tcp", relay.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 32<<10)
+	for sent := 0; sent < size; sent += len(chunk) {
+		if _, err := c.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.Close()
+	if n := <-received; n != int64(size) {
+		b.Fatalf("the receiver got %d bytes, want %d", n, size)
 	}
 }

@@ -1,0 +1,5 @@
+package child
+
+import "syscall"
+
+func setPdeathsig(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
