@@ -20,7 +20,7 @@ func heapGrowth(f func()) int64 {
 
 // TestIssuedBound: the secrets given out and not submitted yet are at most maxIssued,
 // however many submissions never get Core's answer recorded, and weigh at most 192
-// bytes each (the README's memory table).
+// bytes each (the memory table of docs/operations.md).
 func TestIssuedBound(t *testing.T) {
 	tb := newTestBridge(t, Options{})
 	grown := heapGrowth(func() {
@@ -40,7 +40,7 @@ func TestIssuedBound(t *testing.T) {
 }
 
 // TestRevokedBound: the ended sessions a store remembers are at most maxRevoked, and
-// weigh at most 128 bytes each (the README's memory table).
+// weigh at most 128 bytes each (the memory table of docs/operations.md).
 func TestRevokedBound(t *testing.T) {
 	var r revokedSet
 	now := time.Now()

@@ -164,7 +164,7 @@ func TestDashboardLayout(t *testing.T) {
 	}
 }
 
-// knownMetrics are the metrics mdproxy exports, as the README's Metrics table lists
+// knownMetrics are the metrics mdproxy exports, as docs/metrics.md lists
 // them, with those of issue 12 (shared limits on Redis). The deploy files may use no
 // other mdproxy metric; TestAgainstPrometheus checks the dashboard against a running
 // mdproxy's /metrics as well.

@@ -131,7 +131,7 @@ func TestManifestsParse(t *testing.T) {
 // MDPROXY_SHUTDOWN_TIMEOUT. The orchestrator's grace period must cover both, or SIGKILL
 // cuts the uploads the drain was for.
 
-// mdproxy's defaults of the shutdown variables (README, Configuration).
+// mdproxy's defaults of the shutdown variables (docs/configuration.md).
 const (
 	defaultShutdownDelay   = 5 * time.Second
 	defaultShutdownTimeout = 30 * time.Second

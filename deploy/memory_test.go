@@ -11,7 +11,7 @@ import (
 	"github.com/mdproxy/mdproxy/sidecar"
 )
 
-// Margins of the memory the manifests give mdproxy above the README's memory table: the
+// Margins of the memory the manifests give mdproxy above the memory table of docs/operations.md: the
 // garbage collector's room between the total and GOMEMLIMIT, what the Redis client's
 // connections add with MDPROXY_REDIS_URL, and what is not Go's heap between GOMEMLIMIT
 // and the container's memory limit.
@@ -21,17 +21,17 @@ const (
 	nonHeapMargin  = 96 << 20
 )
 
-// readmeMemoryTotal returns the total of the README's memory table, in bytes, failing
+// readmeMemoryTotal returns the total of the memory table of docs/operations.md, in bytes, failing
 // t when its rows do not add up to it.
 func readmeMemoryTotal(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(b), "\n## Memory\n")
 	if !ok {
-		t.Fatal("README.md: no section Memory")
+		t.Fatal("docs/operations.md: no section Memory")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	var sum, total int64
@@ -43,7 +43,7 @@ func readmeMemoryTotal(t *testing.T) int64 {
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
 		mib, err := strconv.ParseInt(strings.Trim(cells[len(cells)-1], "*"), 10, 64)
 		if err != nil {
-			t.Fatalf("README.md, Memory: row %q ends with no whole number of MiB", line)
+			t.Fatalf("docs/operations.md, Memory: row %q ends with no whole number of MiB", line)
 		}
 		if strings.Contains(cells[0], "total") {
 			total = mib << 20
@@ -53,7 +53,7 @@ func readmeMemoryTotal(t *testing.T) int64 {
 		rows++
 	}
 	if rows < 5 || total == 0 || sum != total {
-		t.Fatalf("README.md, Memory: %d rows adding up to %d MiB, total %d MiB; want the rows to add up to the total", rows, sum>>20, total>>20)
+		t.Fatalf("docs/operations.md, Memory: %d rows adding up to %d MiB, total %d MiB; want the rows to add up to the total", rows, sum>>20, total>>20)
 	}
 	return total
 }
@@ -74,7 +74,7 @@ func goMemLimit(v string) int64 {
 	return 0
 }
 
-// TestManifestMemoryFitsREADME: the README's memory table adds up to its total, and the
+// TestManifestMemoryFitsREADME: the memory table of docs/operations.md adds up to its total, and the
 // mdproxy containers of deploy/kubernetes/ (the sidecar and the gateway example), whose
 // settings the table's rows count at their defaults, set GOMEMLIMIT at least gcMargin
 // above that total (with Redis, redisClientMem more) and a memory limit at least
@@ -116,7 +116,7 @@ func TestManifestMemoryFitsREADME(t *testing.T) {
 				}
 				limit := goMemLimit(env["GOMEMLIMIT"])
 				if limit < need {
-					t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the README's memory table's %d MiB and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
+					t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the memory table's %d MiB (docs/operations.md) and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
 				}
 				if mem := quantityBytes(c.Resources.Limits["memory"]); mem < limit+nonHeapMargin {
 					t.Errorf("%s: memory limit %q, want at least %d MiB: GOMEMLIMIT and %d MiB for what is not Go's heap", where, c.Resources.Limits["memory"], (limit+nonHeapMargin)>>20, nonHeapMargin>>20)

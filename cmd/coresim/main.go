@@ -54,9 +54,8 @@ polling slows scanning. It serves its own /metrics on an admin port and stops on
 SIGTERM or SIGINT.
 
 ` + usage + `
-Settings are environment variables, not flags; the README's "coresim, the Core
-emulator" section and the package documentation (go doc ./coresim) give each one's
-default and meaning. The variables:
+Settings are environment variables, not flags; docs/coresim.md and the package
+documentation (go doc ./coresim) give each one's default and meaning. The variables:
 
 ` + cli.Wrap(envconf.Names[coresim.Config](coresim.EnvPrefix)) + `
 Exit status: 0 after SIGTERM or SIGINT, 2 on a bad setting or argument, 1 on any

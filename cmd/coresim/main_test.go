@@ -36,8 +36,8 @@ func TestBinary(t *testing.T) {
 		stderr []string // each must appear; none: stderr must be empty
 	}{
 		{args: []string{"--version"}, stdout: []string{"coresim " + version + " (revision " + revision + ", " + runtime.Version() + ")\n"}},
-		{args: []string{"--help"}, stdout: []string{"emulates OPSWAT MetaDefender Core", "CORESIM_SPEEDUP", "CORESIM_FETCH_LIMIT", "README", "-version"}},
-		{args: []string{"-h"}, stdout: []string{"emulates OPSWAT MetaDefender Core", "CORESIM_LISTEN_ADDR", "README"}},
+		{args: []string{"--help"}, stdout: []string{"emulates OPSWAT MetaDefender Core", "CORESIM_SPEEDUP", "CORESIM_FETCH_LIMIT", "docs/coresim.md", "-version"}},
+		{args: []string{"-h"}, stdout: []string{"emulates OPSWAT MetaDefender Core", "CORESIM_LISTEN_ADDR", "docs/coresim.md"}},
 		{args: []string{"--speedup=10"}, code: 2, stderr: []string{"-speedup", "usage: coresim"}},
 		{args: []string{"run"}, code: 2, stderr: []string{`"run"`, "usage: coresim"}},
 		{env: map[string]string{"CORESIM_CORES": "0"}, code: 2, stderr: []string{"CORESIM_CORES", `"level":"ERROR"`, `"msg":"coresim failed"`}}, // one JSON line

@@ -1,5 +1,5 @@
 // Package netx is what mdproxy does below net/http because it was measured to pay on
-// its workload (README, Performance): an upload copied to Core in large chunks, through
+// its workload (docs/performance.md): an upload copied to Core in large chunks, through
 // a large socket send buffer. Everything else is net/http's own.
 package netx
 
