@@ -95,6 +95,10 @@ type Config struct {
 	ClientIPv4Prefix int `env:"CLIENT_IPV4_PREFIX" envDefault:"32"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LogFormat is how log lines are written: json (one JSON object a line) or text
+	// (slog's key=value lines). Default "": text when the log writer is a terminal,
+	// json otherwise (see LogHandler).
+	LogFormat string `env:"LOG_FORMAT"`
 	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
 	// lines, e.g. a Kubernetes ConfigMap mounted as a file), read at start and again on
 	// SIGHUP and when the file changed and settled (LimitsFileSettle); its variables
@@ -117,6 +121,7 @@ type Config struct {
 	trusted  []netip.Prefix
 	level    slog.Level
 	noEffect []string // settings that have no effect, for a warning; see ineffective
+	unknown  []string // variables named like settings but none, for a warning; see unknownVariables
 	// limitsRead is the content of the limits file whose limits are Limits; nil without
 	// a file. A reload of the same content changes nothing.
 	limitsRead []byte
@@ -250,6 +255,7 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 		return nil, &ConfigError{err}
 	}
 	c.Limits, c.noEffect, c.limitsRead = limits, noEffect, lf.data
+	c.unknown = unknownVariables(environ)
 	return &c, nil
 }
 
@@ -306,6 +312,7 @@ var configWants = map[string]string{
 	"STORE_TTL":                "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"REDIS_URL":                "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":            "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
+	"LOG_FORMAT":               "want json or text (unset: text when stderr is a terminal, else json)",
 	"REPLICAS":                 "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
 	"LIMITS_FILE_SETTLE":       "want a duration with its unit from 10ms to 1m (e.g. 1s)",
 	"CLIENT_IPV6_PREFIX":       "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
@@ -404,6 +411,9 @@ func (c *Config) validate(environ map[string]string) error {
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("LOG_LEVEL", "want debug, info, warn or error")
 	}
+	if c.LogFormat != "" && c.LogFormat != LogJSON && c.LogFormat != LogText {
+		bad("LOG_FORMAT", configWants["LOG_FORMAT"])
+	}
 	errs.Add(c.validateTLS(environ))
 	errs.Add(c.validateBridge(environ))
 	errs.Add(c.validateRedis(environ))
@@ -489,12 +499,4 @@ func validListenAddr(a string) bool {
 	}
 	n, err := strconv.Atoi(port)
 	return err == nil && n >= 0 && n <= 65535
-}
-
-// unknownVariables returns the MDPROXY_* variables of environ that mdproxy does not
-// read, sorted: most likely misspelt limits, which would otherwise leave a route
-// unprotected without a word.
-func unknownVariables(environ map[string]string) []string {
-	known := append(envconf.Names[Config](EnvPrefix), routeLimitVars()...)
-	return envconf.Unknown(EnvPrefix, environ, known)
 }
