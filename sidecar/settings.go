@@ -1,5 +1,7 @@
 package sidecar
 
+//go:generate go run ../internal/docgen -root ..
+
 import (
 	"fmt"
 	"reflect"
@@ -208,7 +210,7 @@ func Settings() []Setting {
 	for _, d := range limitDocs {
 		byGroup["Route limits"] = append(byGroup["Route limits"], Setting{
 			Name: limitVarName("<ROUTE>", d.key), Group: "Route limits", Unit: d.unit,
-			DefaultText: "the route's, in the table of route defaults; else 0", Reload: true,
+			DefaultText: "the route's (each route's default limit); else 0", Reload: true,
 			Accepts: strings.TrimPrefix(limitWants[d.key], "want "), Meaning: d.meaning})
 	}
 	var all []Setting
