@@ -9,7 +9,7 @@ import "github.com/prometheus/client_golang/prometheus"
 func NewUpstreamUp(reg prometheus.Registerer) prometheus.Gauge {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "upstream_up",
-		Help: "1 while Core answered the last check (GET /readyz every 10 s, any status), 0 while it could not be reached.",
+		Help: "1 while Core answered the last check (GET /readyz at start and every MDPROXY_UPSTREAM_CHECK_INTERVAL, any status), 0 while it could not be reached.",
 	})
 	reg.MustRegister(g)
 	return g

@@ -24,7 +24,7 @@ func TestUpstreamUnreachableWarned(t *testing.T) {
 	}
 	dead := "http://" + l.Addr().String()
 	l.Close()
-	in := startRun(t, dead, nil)
+	in := startRun(t, dead, map[string]string{"MDPROXY_UPSTREAM_CHECK_INTERVAL": "10s"})
 	select {
 	case <-in.logs.Written("Core cannot be reached at start"):
 	case <-time.After(safety):
@@ -49,7 +49,7 @@ func TestUpstreamUnreachableWarned(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable) // busy, but reachable
 	}))
 	defer up.Close()
-	in2 := startRun(t, up.URL, nil)
+	in2 := startRun(t, up.URL, map[string]string{"MDPROXY_UPSTREAM_CHECK_INTERVAL": "10s"})
 	select {
 	case <-seen:
 	case <-time.After(safety):

@@ -42,6 +42,10 @@ type Config struct {
 	// UpstreamTimeout bounds the wait for Core's response headers once the request is
 	// sent; then 504. Default 60s.
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"60s"`
+	// UpstreamCheckInterval is how often mdproxy asks Core's /readyz whether Core can
+	// be reached (mdproxy_upstream_up, a warning when it cannot); the first check is at
+	// start. Default 10s; 0 turns the check off (no gauge, no warning).
+	UpstreamCheckInterval time.Duration `env:"UPSTREAM_CHECK_INTERVAL" envDefault:"10s"`
 	// DialTimeout bounds connecting to Core; then 502. Default 5s.
 	DialTimeout time.Duration `env:"UPSTREAM_DIAL_TIMEOUT" envDefault:"5s"`
 	// ReadHeaderTimeout bounds reading a client's request headers (not its body: a slow
@@ -298,6 +302,7 @@ const maxClientKeys = 10_000_000
 var configWants = map[string]string{
 	"LIMIT_STATUS":             "want 503 or 429",
 	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"UPSTREAM_CHECK_INTERVAL":  "want a duration with its unit >= 0, at most 24h (e.g. 10s); 0 = no check",
 	"UPSTREAM_DIAL_TIMEOUT":    "want a duration with its unit above 0, at most 24h (e.g. 5s)",
 	"READ_HEADER_TIMEOUT":      "want a duration with its unit above 0, at most 24h (e.g. 10s)",
 	"IDLE_TIMEOUT":             "want a duration with its unit above 0, at most 24h (e.g. 120s)",
@@ -383,6 +388,9 @@ func (c *Config) validate(environ map[string]string) error {
 		if t.d <= 0 || t.d > maxTimeout {
 			bad(t.name, configWants[t.name])
 		}
+	}
+	if c.UpstreamCheckInterval < 0 || c.UpstreamCheckInterval > maxTimeout {
+		bad("UPSTREAM_CHECK_INTERVAL", configWants["UPSTREAM_CHECK_INTERVAL"])
 	}
 	if c.ShutdownDelay < 0 || c.ShutdownDelay > maxTimeout {
 		bad("SHUTDOWN_DELAY", configWants["SHUTDOWN_DELAY"])

@@ -89,8 +89,10 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	}
 	srv.serve(px.br, cfg, log)
 	logStart(log, cfg, limits, px.br, srv)
-	defer startUpstreamCheck(cfg.upstream, px.tr, min(cfg.DialTimeout+cfg.UpstreamTimeout, upstreamCheckEvery/2),
-		metrics.NewUpstreamUp(reg), log)()
+	if every := cfg.UpstreamCheckInterval; every > 0 {
+		defer startUpstreamCheck(cfg.upstream, px.tr, every, min(cfg.DialTimeout+cfg.UpstreamTimeout, every/2, 5*time.Second),
+			metrics.NewUpstreamUp(reg), log)()
+	}
 	defer newLimitsReloader(cfg, environ, log, m, limits.live, px.h).start(o.reloadSignals)()
 	if started != nil {
 		started(srv.pl.Addr(), srv.al.Addr())

@@ -12,9 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// upstreamCheckEvery is how often mdproxy asks Core whether it can be reached.
-const upstreamCheckEvery = 10 * time.Second
-
 // upstreamCheck asks Core's /readyz, through the proxy's transport to Core (its TLS
 // settings and dial timeout), whether Core can be reached: any HTTP answer, whatever
 // its status, is reachable (a Core busy or starting answers 503, and says so itself to
@@ -31,10 +28,10 @@ type upstreamCheck struct {
 	timeout time.Duration
 }
 
-// startUpstreamCheck checks Core at once, then every upstreamCheckEvery, in a
-// goroutine of its own: start-up does not wait for it. The returned stop ends the
-// goroutine and waits for it.
-func startUpstreamCheck(upstream *url.URL, tr http.RoundTripper, timeout time.Duration, up prometheus.Gauge, log *slog.Logger) (stop func()) {
+// startUpstreamCheck checks Core at once, then every interval, in a goroutine of its
+// own: start-up does not wait for it. Each check has timeout. The returned stop ends
+// the goroutine and waits for it.
+func startUpstreamCheck(upstream *url.URL, tr http.RoundTripper, interval, timeout time.Duration, up prometheus.Gauge, log *slog.Logger) (stop func()) {
 	c := &upstreamCheck{url: upstream.JoinPath("readyz").String(), client: &http.Client{Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		up: up, log: log, timeout: timeout}
@@ -42,7 +39,7 @@ func startUpstreamCheck(upstream *url.URL, tr http.RoundTripper, timeout time.Du
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(upstreamCheckEvery)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		was, err := c.check(ctx)
 		if !was && ctx.Err() == nil {

@@ -137,7 +137,8 @@ func TestBinaryExampleSettings(t *testing.T) {
 		}
 		return got
 	}
-	withFile, without := config(file), config(nil)
+	// startBinary turns the check of Core off unless told; the file holds its default.
+	withFile, without := config(file), config(map[string]string{"MDPROXY_UPSTREAM_CHECK_INTERVAL": "10s"})
 	if !reflect.DeepEqual(withFile, without) {
 		t.Errorf("/config with deploy/mdproxy.env = %v\nwant as without it: %v", withFile, without)
 	}

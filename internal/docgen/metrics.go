@@ -262,7 +262,7 @@ from a fixed set (below): a path, ` + "`data_id`" + `, apikey or address is neve
 const metricsOutro = `
 ## Core reachable: mdproxy_upstream_up
 
-mdproxy asks Core's ` + "`/readyz`" + ` once at start and then every 10 s, through its transport to
+mdproxy asks Core's ` + "`/readyz`" + ` at start and then every ` + "`MDPROXY_UPSTREAM_CHECK_INTERVAL`" + ` (10 s; 0 turns it off), through its transport to
 Core (its TLS settings), within ` + "`MDPROXY_UPSTREAM_DIAL_TIMEOUT`" + ` plus ` + "`MDPROXY_UPSTREAM_TIMEOUT`" + `, 5 s
 at most. Any answer, whatever its status, means Core can be reached (a busy Core says so
 itself on its ` + "`/readyz`" + `, which the proxy port forwards): ` + "`mdproxy_upstream_up`" + ` is 1. No answer
