@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/pprof"
 	"reflect"
@@ -25,6 +26,9 @@ type effectiveSettings struct {
 	Variables map[string]any `json:"variables"`
 	// Routes holds every route's limit as its bucket applies it.
 	Routes map[string]routeLimit `json:"routes"`
+	// UnknownVariables are the variables spelt like mdproxy's that it does not read,
+	// sorted (unknownVariables): ignored, and warned of at start.
+	UnknownVariables []string `json:"unknown_variables"`
 }
 
 // routeLimit is a route's effective limit: zero Rate and ClientLimit for an
@@ -50,7 +54,8 @@ type routeLimit struct {
 // safe for concurrent use when limits is. Nothing secret is in c: file names are given,
 // never their content, and a password in the upstream URL is redacted.
 func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
-	s := effectiveSettings{Variables: map[string]any{}, Routes: map[string]routeLimit{}}
+	s := effectiveSettings{Variables: map[string]any{}, Routes: map[string]routeLimit{},
+		UnknownVariables: append([]string{}, c.unknown...)}
 	v := reflect.ValueOf(c).Elem()
 	for _, f := range reflect.VisibleFields(v.Type()) {
 		key, _, _ := strings.Cut(f.Tag.Get("env"), ",")
@@ -143,4 +148,40 @@ func only(h http.HandlerFunc, methods ...string) http.HandlerFunc {
 		}
 		h(w, r)
 	}
+}
+
+// LogValue writes a route's limit in a log line as a group of its JSON fields
+// (rate_per_s, burst, ...): an object in JSON, file_result.rate_per_s=10 ... in text.
+func (l routeLimit) LogValue() slog.Value {
+	return slog.GroupValue(slog.Float64("rate_per_s", l.Rate), slog.Int("burst", l.Burst),
+		slog.String("max_wait", l.MaxWait), slog.Int("client_limit", l.ClientLimit),
+		slog.String("client_window", l.ClientWindow), slog.Bool("dry_run", l.DryRun))
+}
+
+// limited reports whether the limit of a route refuses or counts anything.
+func (l routeLimit) limited() bool { return l.Rate > 0 || l.ClientLimit > 0 }
+
+// logSettings logs s, the settings /config answers, readably in either log format:
+// one "settings" line a group of SettingGroups (its variables as keys, e.g.
+// MDPROXY_UPSTREAM_TIMEOUT=60s), then one "route limits" line with the limit of each
+// route that has one, by route name; the routes it does not name have no limit.
+func logSettings(log *slog.Logger, s effectiveSettings) {
+	byGroup := map[string][]any{}
+	for _, st := range Settings() {
+		if v, ok := s.Variables[st.Name]; ok {
+			byGroup[st.Group] = append(byGroup[st.Group], st.Name, v)
+		}
+	}
+	for _, g := range SettingGroups {
+		if len(byGroup[g]) > 0 {
+			log.Info("settings", append([]any{"group", g}, byGroup[g]...)...)
+		}
+	}
+	var routes []any
+	for _, name := range proxy.RouteNames() {
+		if l := s.Routes[name]; l.limited() {
+			routes = append(routes, name, l)
+		}
+	}
+	log.Info("route limits", routes...)
 }

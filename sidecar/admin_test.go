@@ -106,28 +106,52 @@ func TestRunConfigEndpoint(t *testing.T) {
 		}
 	}
 
-	// The start-up line "settings" has the same content.
+	// The start-up lines "settings" (one a group) and "route limits" have the same
+	// content: every variable once, and every limited route.
 	if err := in.stop(t); err != nil {
 		t.Errorf("Run = %v, want nil", err)
 	}
-	var line struct {
-		Msg string
-		effectiveSettings
-	}
-	n := 0
+	vars := map[string]any{}
+	var groups int
+	var routeLines []map[string]json.RawMessage
 	for _, l := range strings.Split(strings.TrimSpace(in.logs.String()), "\n") {
-		if strings.Contains(l, `"msg":"settings"`) {
-			n++
-			if err := json.Unmarshal([]byte(l), &line); err != nil {
-				t.Fatalf("settings line %s: %v", l, err)
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("log line %s: %v", l, err)
+		}
+		switch string(rec["msg"]) {
+		case `"settings"`:
+			groups++
+			for k, v := range rec {
+				if strings.HasPrefix(k, EnvPrefix) {
+					var x any
+					_ = json.Unmarshal(v, &x)
+					vars[k] = x
+				}
 			}
+		case `"route limits"`:
+			routeLines = append(routeLines, rec)
 		}
 	}
-	if n != 1 {
-		t.Fatalf("logs have %d %q lines, want 1:\n%s", n, "settings", in.logs)
+	if groups != len(SettingGroups) {
+		t.Errorf("logs have %d settings lines, want %d (one a group):\n%s", groups, len(SettingGroups), in.logs)
 	}
-	if !reflect.DeepEqual(line.effectiveSettings, got) {
-		t.Errorf("settings line = %+v, want /config's %+v", line.effectiveSettings, got)
+	if !reflect.DeepEqual(vars, got.Variables) {
+		t.Errorf("settings lines = %v, want /config's %v", vars, got.Variables)
+	}
+	if len(routeLines) != 1 {
+		t.Fatalf("logs have %d route limits lines, want 1:\n%s", len(routeLines), in.logs)
+	}
+	for route, want := range got.Routes {
+		raw, ok := routeLines[0][route]
+		if ok != want.limited() {
+			t.Errorf("route limits line names %s: %v, want %v", route, ok, want.limited())
+			continue
+		}
+		var l routeLimit
+		if ok && (json.Unmarshal(raw, &l) != nil || l != want) {
+			t.Errorf("route limits line: %s = %s, want %+v", route, raw, want)
+		}
 	}
 }
 

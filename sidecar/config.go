@@ -42,6 +42,10 @@ type Config struct {
 	// UpstreamTimeout bounds the wait for Core's response headers once the request is
 	// sent; then 504. Default 60s.
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"60s"`
+	// UpstreamCheckInterval is how often mdproxy asks Core's /readyz whether Core can
+	// be reached (mdproxy_upstream_up, a warning when it cannot); the first check is at
+	// start. Default 10s; 0 turns the check off (no gauge, no warning).
+	UpstreamCheckInterval time.Duration `env:"UPSTREAM_CHECK_INTERVAL" envDefault:"10s"`
 	// DialTimeout bounds connecting to Core; then 502. Default 5s.
 	DialTimeout time.Duration `env:"UPSTREAM_DIAL_TIMEOUT" envDefault:"5s"`
 	// ReadHeaderTimeout bounds reading a client's request headers (not its body: a slow
@@ -87,6 +91,10 @@ type Config struct {
 	ClientIPv4Prefix int `env:"CLIENT_IPV4_PREFIX" envDefault:"32"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LogFormat is how log lines are written: json (one JSON object a line) or text
+	// (slog's key=value lines). Default "": text when the log writer is a terminal,
+	// json otherwise (see LogHandler).
+	LogFormat string `env:"LOG_FORMAT"`
 	// LimitsFile is the path of a file of route limit variables (MDPROXY_<ROUTE>_RATE=10
 	// lines, e.g. a Kubernetes ConfigMap mounted as a file), read at start and again on
 	// SIGHUP and when the file changed and settled (LimitsFileSettle); its variables
@@ -109,6 +117,7 @@ type Config struct {
 	trusted  []netip.Prefix
 	level    slog.Level
 	noEffect []string // settings that have no effect, for a warning; see ineffective
+	unknown  []string // variables named like settings but none, for a warning; see unknownVariables
 	// limitsRead is the content of the limits file whose limits are Limits; nil without
 	// a file. A reload of the same content changes nothing.
 	limitsRead []byte
@@ -242,6 +251,7 @@ func LoadConfig(environ map[string]string) (*Config, error) {
 		return nil, &ConfigError{err}
 	}
 	c.Limits, c.noEffect, c.limitsRead = limits, noEffect, lf.data
+	c.unknown = unknownVariables(environ)
 	return &c, nil
 }
 
@@ -275,6 +285,7 @@ const maxClientKeys = 10_000_000
 var configWants = map[string]string{
 	"LIMIT_STATUS":             "want 503 or 429",
 	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
+	"UPSTREAM_CHECK_INTERVAL":  "want a duration with its unit >= 0, at most 24h (e.g. 10s); 0 = no check",
 	"UPSTREAM_DIAL_TIMEOUT":    "want a duration with its unit above 0, at most 24h (e.g. 5s)",
 	"READ_HEADER_TIMEOUT":      "want a duration with its unit above 0, at most 24h (e.g. 10s)",
 	"IDLE_TIMEOUT":             "want a duration with its unit above 0, at most 24h (e.g. 120s)",
@@ -288,6 +299,7 @@ var configWants = map[string]string{
 	"STORE_TTL":                "want a duration with its unit above 0, at most 8760h (e.g. 24h)",
 	"REDIS_URL":                "want a redis:// or rediss:// URL, e.g. redis://:password@redis:6379/0",
 	"REDIS_TIMEOUT":            "want a duration with its unit above 0, at most 24h (e.g. 50ms)",
+	"LOG_FORMAT":               "want json or text (unset: text when stderr is a terminal, else json)",
 	"REPLICAS":                 "want a whole number of replicas sharing the Redis from 1 up, at most 1000 (e.g. 2)",
 	"LIMITS_FILE_SETTLE":       "want a duration with its unit from 10ms to 1m (e.g. 1s)",
 	"CLIENT_IPV6_PREFIX":       "want a prefix length in bits from 1 to 128 (e.g. 64; 128: each address its own key)",
@@ -359,6 +371,9 @@ func (c *Config) validate(environ map[string]string) error {
 			bad(t.name, configWants[t.name])
 		}
 	}
+	if c.UpstreamCheckInterval < 0 || c.UpstreamCheckInterval > maxTimeout {
+		bad("UPSTREAM_CHECK_INTERVAL", configWants["UPSTREAM_CHECK_INTERVAL"])
+	}
 	if c.ShutdownDelay < 0 || c.ShutdownDelay > maxTimeout {
 		bad("SHUTDOWN_DELAY", configWants["SHUTDOWN_DELAY"])
 	}
@@ -382,6 +397,9 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if err := c.level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("LOG_LEVEL", "want debug, info, warn or error")
+	}
+	if c.LogFormat != "" && c.LogFormat != LogJSON && c.LogFormat != LogText {
+		bad("LOG_FORMAT", configWants["LOG_FORMAT"])
 	}
 	errs.Add(c.validateTLS(environ))
 	errs.Add(c.validateBridge(environ))
@@ -468,12 +486,4 @@ func validListenAddr(a string) bool {
 	}
 	n, err := strconv.Atoi(port)
 	return err == nil && n >= 0 && n <= 65535
-}
-
-// unknownVariables returns the MDPROXY_* variables of environ that mdproxy does not
-// read, sorted: most likely misspelt limits, which would otherwise leave a route
-// unprotected without a word.
-func unknownVariables(environ map[string]string) []string {
-	known := append(envconf.Names[Config](EnvPrefix), routeLimitVars()...)
-	return envconf.Unknown(EnvPrefix, environ, known)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/proxy"
@@ -376,15 +377,34 @@ func TestLoadConfigPortZero(t *testing.T) {
 	}
 }
 
+// TestUnknownVariables: a variable spelt like mdproxy's, in any case, that it does not
+// read is unknown, and named with its nearest known variable; Kubernetes' variables of
+// a Service named mdproxy are not.
 func TestUnknownVariables(t *testing.T) {
 	environ := map[string]string{
 		"MDPROXY_FILE_RESUTL_RATE": "5", "MDPROXY_FOO": "x", "MDPROXY_FILE_RESULT_RATE": "5",
 		"MDPROXY_LISTEN_ADDR": ":1", "MDPROXY_OTHER_CLIENT_WINDOW": "1s", "HOME": "/root",
+		"mdproxy_file_result_rate": "1", "MDPROXY_FILE_RESULT_RAT": "1",
+		"MDPROXY_PORT": "tcp://10.0.0.1:8009", "MDPROXY_PORT_8009_TCP": "tcp://10.0.0.1:8009",
+		"MDPROXY_PORT_8009_TCP_PROTO": "tcp", "MDPROXY_PORT_8009_TCP_PORT": "8009",
+		"MDPROXY_PORT_8009_TCP_ADDR": "10.0.0.1", "MDPROXY_SERVICE_HOST": "10.0.0.1",
+		"MDPROXY_SERVICE_PORT": "8009", "MDPROXY_SERVICE_PORT_ADMIN": "9009",
 	}
 	got := unknownVariables(environ)
-	want := []string{"MDPROXY_FILE_RESUTL_RATE", "MDPROXY_FOO"}
+	want := []string{"MDPROXY_FILE_RESULT_RAT", "MDPROXY_FILE_RESUTL_RATE", "MDPROXY_FOO", "mdproxy_file_result_rate"}
 	if !slices.Equal(got, want) {
 		t.Errorf("unknownVariables(%v) = %v, want %v", environ, got, want)
+	}
+	for name, want := range map[string]string{
+		"MDPROXY_FILE_RESULT_RAT":  "MDPROXY_FILE_RESULT_RATE",
+		"MDPROXY_FILE_RESUTL_RATE": "MDPROXY_FILE_RESULT_RATE",
+		"mdproxy_file_result_rate": "MDPROXY_FILE_RESULT_RATE",
+		"MDPROXY_UPSTREAM_UR":      "MDPROXY_UPSTREAM_URL",
+		"MDPROXY_FOO":              "",
+	} {
+		if got := nearestVariable(name); got != want {
+			t.Errorf("nearestVariable(%q) = %q, want %q", name, got, want)
+		}
 	}
 }
 
@@ -440,6 +460,38 @@ func TestLoadConfigClientKeysMax(t *testing.T) {
 		// Whether it does not parse or is out of range, the message gives the range.
 		if !strings.Contains(msg, "from 1 to 10000000") {
 			t.Errorf("LoadConfig(%v) error = %q, want it to give the range (from 1 to 10000000)", env, msg)
+		}
+	}
+}
+
+// TestSettingsCoverConfig: the table of settings (--help, docs/configuration.md)
+// lists every variable of Config once, with Config's default, and every setting of a
+// route's limit.
+func TestSettingsCoverConfig(t *testing.T) {
+	seen := map[string]bool{}
+	for _, s := range Settings() {
+		if seen[s.Name] {
+			t.Errorf("Settings lists %s twice", s.Name)
+		}
+		seen[s.Name] = true
+	}
+	for _, name := range envconf.Names[Config](EnvPrefix) {
+		if !seen[name] {
+			t.Errorf("Settings leaves out %s", name)
+		}
+	}
+	for _, st := range limitSettings {
+		if !seen[limitVarName("<ROUTE>", st)] {
+			t.Errorf("Settings leaves out the family %s", limitVarName("<ROUTE>", st))
+		}
+	}
+	c, err := LoadConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range Settings() {
+		if s.Name == EnvPrefix+"LIMIT_STATUS" && s.Default != strconv.Itoa(c.LimitStatus) {
+			t.Errorf("Settings: %s default %q, want %d", s.Name, s.Default, c.LimitStatus)
 		}
 	}
 }

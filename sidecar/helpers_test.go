@@ -59,6 +59,9 @@ func startRun(t *testing.T, upstreamURL string, env map[string]string, opts ...O
 		// The tests of the limits file write it whole at once (or rename it): a short
 		// settle time keeps them quick. The settle time's own tests set theirs.
 		"MDPROXY_LIMITS_FILE_SETTLE": "100ms",
+		// The check of Core asks its /readyz: off, as tests count what Core is asked;
+		// its own tests turn it on.
+		"MDPROXY_UPSTREAM_CHECK_INTERVAL": "0s",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL

@@ -59,8 +59,9 @@ import (
 // logged and counted (mdproxy_config_reloads_total).
 //
 // Its steps, in order: the settings (loadSettings), the limits (startLimits), the
-// proxy (startProxy), the servers (listen, then serve), the start log (logStart), and
-// the shutdown (servers.shutdown); what a step started is closed, in reverse order,
+// proxy (startProxy), the servers (listen, then serve), the start log (logStart), the
+// check of Core (startUpstreamCheck: mdproxy_upstream_up, a warning when Core cannot
+// be reached), and the shutdown (servers.shutdown); what a step started is closed, in reverse order,
 // when Run returns.
 func Run(ctx context.Context, environ map[string]string, logw io.Writer, started func(proxyAddr, adminAddr net.Addr), opts ...Option) error {
 	var o runOptions
@@ -88,7 +89,11 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 		return err
 	}
 	srv.serve(px.br, cfg, log)
-	logStart(log, cfg, environ, limits, px.br, srv)
+	logStart(log, cfg, limits, px.br, srv)
+	if every := cfg.UpstreamCheckInterval; every > 0 {
+		defer startUpstreamCheck(cfg.upstream, px.tr, every, min(cfg.DialTimeout+cfg.UpstreamTimeout, every/2, 5*time.Second),
+			metrics.NewUpstreamUp(reg), log)()
+	}
 	defer newLimitsReloader(cfg, environ, log, m, limits.live, px.h).start(o.reloadSignals)()
 	if started != nil {
 		started(srv.pl.Addr(), srv.al.Addr())
@@ -98,13 +103,14 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 
 // loadSettings is Run's first step: it reads mdproxy's settings from environ
 // (LoadConfig: a *ConfigError naming each bad variable) and returns them with the
-// logger of JSON lines to logw at MDPROXY_LOG_LEVEL.
+// logger of lines to logw at MDPROXY_LOG_LEVEL, in MDPROXY_LOG_FORMAT (LogFormat).
 func loadSettings(environ map[string]string, logw io.Writer) (*Config, *slog.Logger, error) {
 	cfg, err := LoadConfig(environ)
 	if err != nil {
 		return nil, nil, err
 	}
-	return cfg, slog.New(slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: cfg.level})), nil
+	cfg.LogFormat = LogFormat(logw, cfg.LogFormat) // as /config shows it
+	return cfg, slog.New(LogHandler(logw, cfg.LogFormat, cfg.level)), nil
 }
 
 // runLimits are the limits of a running mdproxy: the Set in force, which a reload of
@@ -281,7 +287,7 @@ func (s *servers) serve(br *bridgeRunning, cfg *Config, log *slog.Logger) {
 // logStart is Run's fifth step: it logs where mdproxy serves and with what, the
 // settings as /config answers them, whether the bridge is on, and the variables that
 // are unknown or have no effect.
-func logStart(log *slog.Logger, cfg *Config, environ map[string]string, limits *runLimits, br *bridgeRunning, s *servers) {
+func logStart(log *slog.Logger, cfg *Config, limits *runLimits, br *bridgeRunning, s *servers) {
 	if limits.rdb != nil {
 		msg := "limits and results shared on Redis"
 		if !limits.redisOK {
@@ -294,17 +300,14 @@ func logStart(log *slog.Logger, cfg *Config, environ map[string]string, limits *
 	log.Info("mdproxy serving", "listen", s.pl.Addr().String(), "tls", cfg.TLSCertFile != "", "admin", s.al.Addr().String(),
 		"upstream", cfg.upstream.Redacted(), "limit_status", cfg.LimitStatus,
 		"version", version, "revision", revision)
-	settings := settingsOf(cfg, limits.live) // as /config answers them
-	log.Info("settings", "variables", settings.Variables, "routes", settings.Routes)
+	logSettings(log, settingsOf(cfg, limits.live)) // as /config answers them
 	if br != nil {
 		log.Info("bridge on: Core's callbacks taken, polls answered from what mdproxy knows",
 			"callback_listen", br.ln.Addr().String(), "callback_url", br.cbBase)
 	} else {
 		log.Info("bridge off: every poll is forwarded (MDPROXY_BRIDGE=false)")
 	}
-	if unknown := unknownVariables(environ); len(unknown) > 0 {
-		log.Warn("unknown variables ignored (misspelt?)", "variables", unknown)
-	}
+	warnUnknown(log, cfg.unknown)
 	warnNoEffect(log, cfg.noEffect)
 }
 

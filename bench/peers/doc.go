@@ -12,10 +12,8 @@
 // (processes of this program knowing nothing of HTTP, one copying through a 1 MiB buffer
 // as mdproxy does, one moving the bytes with Linux splice(2)) have rows of the upload of
 // their own: what relaying an upload's bytes costs with no HTTP work, and what splice,
-// the zero-copy path Go offers, does to it. Neither sets the receive low-water mark
-// mdproxy sets on a large upload (MDPROXY_UPLOAD_READ_BATCH): a relay that knows no
-// body's length has no bound for it. It is issue 13's peers benchmark; one
-// command, from the repository's root:
+// the zero-copy path Go offers, does to it. It is the project's peers benchmark;
+// one command, from the repository's root:
 //
 //	go run ./bench/peers -out bench/results/peers.md
 //

@@ -37,6 +37,9 @@ func startBinary(t *testing.T, upstreamURL string, env map[string]string) *proc 
 		"MDPROXY_ADMIN_ADDR":         "127.0.0.1:0",
 		"MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 		"MDPROXY_SHUTDOWN_DELAY":     "0s", // no load balancer to warn at cleanup
+		// The check of Core asks its /readyz: off, as tests count what Core is asked;
+		// its own tests turn it on.
+		"MDPROXY_UPSTREAM_CHECK_INTERVAL": "0s",
 	}
 	if upstreamURL != "" {
 		environ["MDPROXY_UPSTREAM_URL"] = upstreamURL

@@ -45,8 +45,9 @@ func TestBinary(t *testing.T) {
 	}{
 		{args: []string{"--version"}, stdout: []string{"mdproxy " + version + " (revision " + revision + ", " + runtime.Version() + ")\n"}},
 		{args: []string{"-version"}, stdout: []string{"mdproxy " + version + " (revision " + revision + ", " + runtime.Version() + ")\n"}},
-		{args: []string{"--help"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_UPSTREAM_URL", "MDPROXY_<ROUTE>_RATE", "file_result", "README", "-version"}},
-		{args: []string{"-h"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_LISTEN_ADDR", "README"}},
+		{args: []string{"--help"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_UPSTREAM_URL", "MDPROXY_<ROUTE>_RATE", "file_result", "docs/configuration.md", "-version"}},
+		{args: []string{"-h"}, stdout: []string{"rate-limiting reverse proxy", "MDPROXY_LISTEN_ADDR", "docs/configuration.md"}},
+		{args: []string{"--help=false"}, code: 2, stderr: []string{`"--help=false"`, "usage: mdproxy"}},
 		{args: []string{"--verbose"}, code: 2, stderr: []string{"-verbose", "usage: mdproxy"}},
 		{args: []string{"serve"}, code: 2, stderr: []string{`"serve"`, "usage: mdproxy"}},
 		{args: []string{"--version", "now"}, code: 2, stderr: []string{`"now"`, "usage: mdproxy"}},

@@ -3,7 +3,6 @@
 package cli
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,28 +21,32 @@ func Usage(name, prefix string) string {
 // Parse reads args (os.Args[1:]) for the binary name. --version prints the version, the
 // VCS revision and the Go version (metrics.BuildVersion: the link-time stamps of the
 // Dockerfile, else the binary's build information), and -h or --help prints help and
-// the flags, to stdout: then exit is true and code 0. Any other argument prints an error
+// the flags, to stdout: then exit is true and code 0. Any other argument (one that asks
+// for nothing included: --help=false, --version=false, --) prints an error
 // and usage to stderr: exit is true and code 2. Without arguments exit is false: the
 // binary runs. It is built on the standard library's flag package.
 func Parse(name, help, usage string, args []string, stdout, stderr io.Writer) (code int, exit bool) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // what to print, and where, is decided below
 	version := fs.Bool("version", false, "print the version, the VCS revision and the Go version, then exit")
+	// Defined rather than left to flag's built-in -h and -help, which would print help
+	// for -help=false too.
+	wantHelp := fs.Bool("help", false, "print this help, then exit")
+	fs.BoolVar(wantHelp, "h", false, "print this help, then exit")
 	err := fs.Parse(args)
 	switch {
 	case err == nil && fs.NArg() > 0:
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case err == nil && !*version && len(args) > 0:
-		// "--version=false" or a lone "--": an argument that asks for nothing would
-		// start the binary as if it had been understood.
+	case err == nil && !*version && !*wantHelp && len(args) > 0:
+		// "--version=false", "--help=false" or a lone "--": an argument that asks for
+		// nothing would start the binary as if it had been understood.
 		err = fmt.Errorf("unexpected argument %q", args[0])
 	}
 	switch {
-	case errors.Is(err, flag.ErrHelp):
+	case err == nil && *wantHelp:
 		fmt.Fprint(stdout, help)
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
-		fmt.Fprintln(stdout, "  -h, -help\n    \tprint this help, then exit")
 		return 0, true
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\n%s", name, err, usage)
@@ -74,6 +77,30 @@ func Wrap(words []string) string {
 		if line == 0 {
 			b.WriteString("  ")
 			line = 2
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// Fill wraps text into lines of at most width columns (a word longer than that on a
+// line of its own), each starting with indent, the last ending in a newline.
+func Fill(text, indent string, width int) string {
+	var b strings.Builder
+	line := 0
+	for _, w := range strings.Fields(text) {
+		if line > 0 && line+1+len(w) > width {
+			b.WriteString("\n")
+			line = 0
+		}
+		if line == 0 {
+			b.WriteString(indent)
+			line = len(indent)
+		} else {
+			b.WriteString(" ")
+			line++
 		}
 		b.WriteString(w)
 		line += len(w)
