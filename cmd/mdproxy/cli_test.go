@@ -137,8 +137,9 @@ func TestBinaryExampleSettings(t *testing.T) {
 		}
 		return got
 	}
-	// startBinary turns the check of Core off unless told; the file holds its default.
-	withFile, without := config(file), config(map[string]string{"MDPROXY_UPSTREAM_CHECK_INTERVAL": "10s"})
+	// startBinary turns the check of Core off and the shutdown delay to 0 unless told;
+	// the file holds their defaults.
+	withFile, without := config(file), config(map[string]string{"MDPROXY_UPSTREAM_CHECK_INTERVAL": "10s", "MDPROXY_SHUTDOWN_DELAY": "5s"})
 	if !reflect.DeepEqual(withFile, without) {
 		t.Errorf("/config with deploy/mdproxy.env = %v\nwant as without it: %v", withFile, without)
 	}
