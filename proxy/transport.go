@@ -78,9 +78,6 @@ func NewTransport(o TransportOptions) *http.Transport {
 			if err != nil {
 				return nil, err
 			}
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetWriteBuffer(netx.SendBuffer) // best effort: the kernel may cap it
-			}
 			return &coreConn{Conn: c, idle: idle, headers: headers, closed: make(chan struct{})}, nil
 		},
 		ForceAttemptHTTP2:     false,

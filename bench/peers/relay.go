@@ -12,8 +12,7 @@ import (
 // byte and knowing nothing of HTTP, to a connection of its own to upstream (host:port):
 // what a process between client and upstream spends moving an upload with no HTTP
 // work, beside direct uploads. With splice false it copies through a buffer of
-// netx.UploadChunk bytes with a send buffer of netx.SendBuffer towards upstream,
-// as mdproxy does; with splice true Go moves the
+// netx.UploadChunk bytes, as mdproxy does; with splice true Go moves the
 // bytes with Linux splice(2) through a pipe (net.TCPConn.ReadFrom of another TCPConn),
 // never into the process: the zero-copy path the standard library offers.
 func relay(addr, upstream string, splice bool) error {
@@ -47,7 +46,6 @@ func relayConn(c *net.TCPConn, upstream string, splice bool) {
 	}
 	u := uc.(*net.TCPConn)
 	defer u.Close()
-	_ = u.SetWriteBuffer(netx.SendBuffer) // best effort: the kernel may cap it
 	both := func(dst, src *net.TCPConn) {
 		if pipe(dst, src, splice) != nil {
 			_ = c.Close()

@@ -8,16 +8,6 @@ import (
 	"sync"
 )
 
-// SendBuffer is the socket send buffer (SO_SNDBUF) to ask for each connection that
-// carries uploads to Core, in bytes: 4 MiB. Linux caps it at net.core.wmem_max and
-// doubles it for its own bookkeeping. An upload moves to Core in writes of up to
-// UploadChunk bytes: with the kernel's default buffer (16 KiB, grown by autotuning)
-// each write waits for Core to read most of the chunk, and the client's next bytes
-// wait unread meanwhile; with room for a few chunks the write returns at once and the
-// proxy reads on. It costs nothing while a connection carries small requests: the
-// kernel allocates buffer memory for the bytes queued, not for the size.
-const SendBuffer = 4 << 20
-
 // UploadChunk is the most CopyUpload moves in one read and one write, in bytes: 1 MiB
 // (io.Copy's buffer is 32 KiB). Fewer, larger system calls move an upload faster on
 // one core.

@@ -70,24 +70,17 @@ func BenchmarkCopyUpload(b *testing.B) {
 // BenchmarkRelayUpload relays 64 MiB over loopback TCP as mdproxy relays an upload to
 // Core: a sender writing 32 KiB at a time (Go's HTTP clients), the relay reading its
 // connection and writing to a second one, a receiver reading it all. It compares
-// CopyUpload with io.Copy, each with the socket send buffer of SendBuffer and with the
-// kernel's default: the gain the README's figure states.
+// CopyUpload with io.Copy (docs/performance.md gives the figures).
 func BenchmarkRelayUpload(b *testing.B) {
 	const size = 64 << 20
 	for _, bc := range []struct {
-		name    string
-		cp      func(io.Writer, io.Reader) (int64, error)
-		sendBuf bool
-	}{
-		{"chunks+sndbuf", CopyUpload, true},
-		{"chunks", CopyUpload, false},
-		{"io.Copy+sndbuf", io.Copy, true},
-		{"io.Copy", io.Copy, false},
-	} {
+		name string
+		cp   func(io.Writer, io.Reader) (int64, error)
+	}{{"chunks", CopyUpload}, {"io.Copy", io.Copy}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
-				relayOnce(b, size, bc.cp, bc.sendBuf)
+				relayOnce(b, size, bc.cp)
 			}
 		})
 	}
@@ -95,7 +88,7 @@ func BenchmarkRelayUpload(b *testing.B) {
 
 // relayOnce moves size bytes from a sender through a relay to a receiver, all on
 // loopback, and returns when the receiver has them all.
-func relayOnce(b *testing.B, size int, cp func(io.Writer, io.Reader) (int64, error), sendBuf bool) {
+func relayOnce(b *testing.B, size int, cp func(io.Writer, io.Reader) (int64, error)) {
 	sink, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -128,9 +121,6 @@ func relayOnce(b *testing.B, size int, cp func(io.Writer, io.Reader) (int64, err
 			return
 		}
 		defer out.Close()
-		if sendBuf {
-			_ = out.(*net.TCPConn).SetWriteBuffer(SendBuffer)
-		}
 		_, _ = cp(struct{ io.Writer }{out}, struct{ io.Reader }{in}) // as a request body: no WriterTo, no ReaderFrom
 	}()
 	c, err := net.Dial("tcp", relay.Addr().String())
