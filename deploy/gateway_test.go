@@ -23,14 +23,16 @@ import (
 type k8sObject struct {
 	Kind     string `yaml:"kind"`
 	Metadata struct {
-		Name string `yaml:"name"`
+		Name   string            `yaml:"name"`
+		Labels map[string]string `yaml:"labels"`
 	} `yaml:"metadata"`
 	Data map[string]string `yaml:"data"`
 	Spec struct {
-		Replicas *int             `yaml:"replicas"`
-		Selector map[string]any   `yaml:"selector"` // a Service's labels, or a Deployment's matchLabels
-		Ports    []k8sServicePort `yaml:"ports"`
-		Template struct {
+		Replicas    *int             `yaml:"replicas"`
+		PodSelector map[string]any   `yaml:"podSelector"` // a NetworkPolicy's
+		Selector    map[string]any   `yaml:"selector"`    // a Service's labels, or a Deployment's matchLabels
+		Ports       []k8sServicePort `yaml:"ports"`
+		Template    struct {
 			Metadata struct {
 				Labels map[string]string `yaml:"labels"`
 			} `yaml:"metadata"`
@@ -109,6 +111,14 @@ type k8sContainer struct {
 		MountPath string `yaml:"mountPath"`
 		SubPath   string `yaml:"subPath"`
 	} `yaml:"volumeMounts"`
+	SecurityContext *struct {
+		RunAsNonRoot             *bool `yaml:"runAsNonRoot"`
+		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
+		ReadOnlyRootFilesystem   *bool `yaml:"readOnlyRootFilesystem"`
+		Capabilities             struct {
+			Drop []string `yaml:"drop"`
+		} `yaml:"capabilities"`
+	} `yaml:"securityContext"`
 }
 
 // readObjects returns every object of the YAML files of dir, by kind and name; a file
@@ -125,26 +135,37 @@ func readObjects(t *testing.T, dir string) map[string]k8sObject {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(b))
-		for {
-			var o k8sObject
-			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if o.Kind == "" || o.Metadata.Name == "" {
-				t.Errorf("%s: an object without kind or name", f)
-				continue
-			}
-			key := o.Kind + "/" + o.Metadata.Name
-			if _, dup := objects[key]; dup {
-				t.Errorf("%s: %s twice in %s", f, key, dir)
-			}
-			objects[key] = o
-		}
+		decodeObjects(t, f, b, objects)
 	}
 	return objects
+}
+
+// decodeObjects adds every object of the YAML documents of b (from where) to objects,
+// by kind and name, failing t on a document that does not parse, has no kind or name,
+// or names an object already there.
+func decodeObjects(t *testing.T, where string, b []byte, objects map[string]k8sObject) {
+	t.Helper()
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var o k8sObject
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		if o.Kind == "" && o.Metadata.Name == "" {
+			continue // an empty document: a template that rendered nothing
+		}
+		if o.Kind == "" || o.Metadata.Name == "" {
+			t.Errorf("%s: an object without kind or name", where)
+			continue
+		}
+		key := o.Kind + "/" + o.Metadata.Name
+		if _, dup := objects[key]; dup {
+			t.Errorf("%s: %s twice", where, key)
+		}
+		objects[key] = o
+	}
 }
 
 // podEnv returns the environment the kubelet gives container c: its ConfigMaps' data,
@@ -192,6 +213,17 @@ func podEnv(t *testing.T, objects map[string]k8sObject, c k8sContainer) map[stri
 func TestGatewayManifests(t *testing.T) {
 	dir := filepath.Join("kubernetes", "gateway")
 	objects := readObjects(t, dir)
+	if !hasKind(objects, "ServiceMonitor") {
+		t.Errorf("%s: no ServiceMonitor", dir)
+	}
+	checkGateway(t, dir, objects, true)
+}
+
+// checkGateway checks the objects of a gateway deployment of mdproxy (from dir: a
+// directory, or a rendering of the Helm chart) as TestGatewayManifests says; without
+// shared (no Redis), one replica and no Redis.
+func checkGateway(t *testing.T, dir string, objects map[string]k8sObject, shared bool) {
+	t.Helper()
 	var gateways, redises []k8sObject
 	for _, o := range objects {
 		if o.Kind != "Deployment" {
@@ -206,13 +238,20 @@ func TestGatewayManifests(t *testing.T) {
 			}
 		}
 	}
+	if !shared {
+		if len(gateways) != 1 || len(redises) != 0 {
+			t.Fatalf("%s: %d Deployments with an mdproxy container and %d with a redis one, want one and none", dir, len(gateways), len(redises))
+		}
+		checkGatewayReplica(t, dir, objects, gateways[0], nil)
+		return
+	}
 	if len(gateways) != 1 || len(redises) != 1 {
 		t.Fatalf("%s: %d Deployments with an mdproxy container and %d with a redis one, want one of each", dir, len(gateways), len(redises))
 	}
 	gw, rd := gateways[0], redises[0]
 
 	// Redis: its Service, and its configuration file bounded with volatile-lru.
-	var redisHosts []string
+	redisHosts := []string{}
 	for _, o := range objects {
 		if o.Kind == "Service" && labelsMatch(o.Spec.Selector, rd.Spec.Template.Metadata.Labels) {
 			for _, p := range o.Spec.Ports {
@@ -250,7 +289,14 @@ func TestGatewayManifests(t *testing.T) {
 		t.Errorf("%s: redis container: readiness %v, liveness %v, requests %v; want both probes and CPU and memory requests", dir, rc.ReadinessProbe, rc.LivenessProbe, rc.Resources.Requests)
 	}
 
-	// The gateway's replicas.
+	checkGatewayReplica(t, dir, objects, gw, redisHosts)
+}
+
+// checkGatewayReplica checks the gateway's Deployment gw among objects: with redisHosts
+// (the names of the Services of its Redis), two replicas or more sharing it; with none,
+// one replica without Redis.
+func checkGatewayReplica(t *testing.T, dir string, objects map[string]k8sObject, gw k8sObject, redisHosts []string) {
+	t.Helper()
 	pod := gw.Spec.Template.Spec
 	var c k8sContainer
 	for _, x := range pod.Containers {
@@ -263,10 +309,16 @@ func TestGatewayManifests(t *testing.T) {
 	if gw.Spec.Replicas != nil {
 		replicas = *gw.Spec.Replicas
 	}
-	if replicas < 2 || env["MDPROXY_REPLICAS"] != strconv.Itoa(replicas) {
-		t.Errorf("%s: Deployment %s: replicas %d, MDPROXY_REPLICAS %q; want 2 or more, and the same number", dir, gw.Metadata.Name, replicas, env["MDPROXY_REPLICAS"])
+	if redisHosts == nil {
+		if replicas != 1 || env["MDPROXY_REDIS_URL"] != "" {
+			t.Errorf("%s: Deployment %s: replicas %d, MDPROXY_REDIS_URL %q; want one replica without Redis", dir, gw.Metadata.Name, replicas, env["MDPROXY_REDIS_URL"])
+		}
+	} else {
+		if replicas < 2 || env["MDPROXY_REPLICAS"] != strconv.Itoa(replicas) {
+			t.Errorf("%s: Deployment %s: replicas %d, MDPROXY_REPLICAS %q; want 2 or more, and the same number", dir, gw.Metadata.Name, replicas, env["MDPROXY_REPLICAS"])
+		}
+		checkRedisURL(t, dir+": Deployment "+gw.Metadata.Name, env["MDPROXY_REDIS_URL"], redisHosts, "6379")
 	}
-	checkRedisURL(t, dir+": Deployment "+gw.Metadata.Name, env["MDPROXY_REDIS_URL"], redisHosts, "6379")
 	if cb := env["MDPROXY_BRIDGE_CALLBACK_URL"]; env["MDPROXY_BRIDGE"] != "false" && !strings.Contains(cb, "10.1.2.3") {
 		t.Errorf("%s: MDPROXY_BRIDGE_CALLBACK_URL %q, want the Pod's own IP (status.podIP), so that Core reaches the replica that submitted", dir, cb)
 	}
@@ -347,9 +399,21 @@ func TestGatewayManifests(t *testing.T) {
 			}
 		}
 	}
-	if !api || !monitored {
+	if !api || (hasKind(objects, "ServiceMonitor") && !monitored) {
 		t.Errorf("%s: a Service whose first port targets api: %t; a ServiceMonitor of the admin port in job mdproxy: %t; want both", dir, api, monitored)
 	}
+	checkContainer(t, dir, objects, gw, c, env)
+	checkSelectors(t, dir, objects)
+}
+
+// hasKind reports whether objects holds an object of kind.
+func hasKind(objects map[string]k8sObject, kind string) bool {
+	for _, o := range objects {
+		if o.Kind == kind {
+			return true
+		}
+	}
+	return false
 }
 
 // labelsMatch reports whether selector (a Service's labels, or a Deployment's

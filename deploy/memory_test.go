@@ -81,50 +81,59 @@ func goMemLimit(v string) int64 {
 // nonHeapMargin above GOMEMLIMIT.
 func TestManifestMemoryFitsREADME(t *testing.T) {
 	total := readmeMemoryTotal(t)
+	found := 0
+	for _, dir := range []string{"kubernetes", filepath.Join("kubernetes", "gateway")} {
+		found += checkMemory(t, dir, readObjects(t, dir), total)
+	}
+	if found != 2 {
+		t.Errorf("%d mdproxy containers in deploy/kubernetes/ and its gateway example, want 2", found)
+	}
+}
+
+// checkMemory checks the mdproxy containers of the Deployments among objects (from
+// where) as TestManifestMemoryFitsREADME says, against the memory table's total, and
+// returns how many it checked.
+func checkMemory(t *testing.T, where string, objects map[string]k8sObject, total int64) int {
+	t.Helper()
 	defaults, err := sidecar.LoadConfig(map[string]string{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	found := 0
-	for _, dir := range []string{"kubernetes", filepath.Join("kubernetes", "gateway")} {
-		objects := readObjects(t, dir)
-		for key, o := range objects {
-			if o.Kind != "Deployment" {
+	for key, o := range objects {
+		if o.Kind != "Deployment" {
+			continue
+		}
+		for _, c := range o.Spec.Template.Spec.Containers {
+			if c.Name != "mdproxy" {
 				continue
 			}
-			for _, c := range o.Spec.Template.Spec.Containers {
-				if c.Name != "mdproxy" {
-					continue
-				}
-				found++
-				where := dir + ": " + key
-				env := podEnv(t, objects, c)
-				settings := maps.Clone(env)
-				delete(settings, "MDPROXY_LIMITS_FILE") // a path in the Pod; the limits weigh nothing here
-				cfg, err := sidecar.LoadConfig(settings)
-				if err != nil {
-					t.Fatalf("%s: LoadConfig = %v", where, err)
-				}
-				if cfg.StoreMaxBytes != defaults.StoreMaxBytes || cfg.BridgePendingMaxBytes != defaults.BridgePendingMaxBytes ||
-					cfg.MaxConnections != defaults.MaxConnections || cfg.ClientKeysMax != defaults.ClientKeysMax {
-					t.Errorf("%s: MDPROXY_STORE_MAX_BYTES %d, MDPROXY_BRIDGE_PENDING_MAX_BYTES %d, MDPROXY_MAX_CONNECTIONS %d, MDPROXY_CLIENT_KEYS_MAX %d; want the defaults the README's memory table counts",
-						where, cfg.StoreMaxBytes, cfg.BridgePendingMaxBytes, cfg.MaxConnections, cfg.ClientKeysMax)
-				}
-				need := total + gcMargin
-				if env["MDPROXY_REDIS_URL"] != "" {
-					need += redisClientMem
-				}
-				limit := goMemLimit(env["GOMEMLIMIT"])
-				if limit < need {
-					t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the memory table's %d MiB (docs/operations.md) and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
-				}
-				if mem := quantityBytes(c.Resources.Limits["memory"]); mem < limit+nonHeapMargin {
-					t.Errorf("%s: memory limit %q, want at least %d MiB: GOMEMLIMIT and %d MiB for what is not Go's heap", where, c.Resources.Limits["memory"], (limit+nonHeapMargin)>>20, nonHeapMargin>>20)
-				}
+			found++
+			where := where + ": " + key
+			env := podEnv(t, objects, c)
+			settings := maps.Clone(env)
+			delete(settings, "MDPROXY_LIMITS_FILE") // a path in the Pod; the limits weigh nothing here
+			cfg, err := sidecar.LoadConfig(settings)
+			if err != nil {
+				t.Fatalf("%s: LoadConfig = %v", where, err)
+			}
+			if cfg.StoreMaxBytes != defaults.StoreMaxBytes || cfg.BridgePendingMaxBytes != defaults.BridgePendingMaxBytes ||
+				cfg.MaxConnections != defaults.MaxConnections || cfg.ClientKeysMax != defaults.ClientKeysMax {
+				t.Errorf("%s: MDPROXY_STORE_MAX_BYTES %d, MDPROXY_BRIDGE_PENDING_MAX_BYTES %d, MDPROXY_MAX_CONNECTIONS %d, MDPROXY_CLIENT_KEYS_MAX %d; want the defaults the memory table counts",
+					where, cfg.StoreMaxBytes, cfg.BridgePendingMaxBytes, cfg.MaxConnections, cfg.ClientKeysMax)
+			}
+			need := total + gcMargin
+			if env["MDPROXY_REDIS_URL"] != "" {
+				need += redisClientMem
+			}
+			limit := goMemLimit(env["GOMEMLIMIT"])
+			if limit < need {
+				t.Errorf("%s: GOMEMLIMIT %q, want at least %d MiB: the memory table's %d MiB (docs/operations.md) and the collector's margin", where, env["GOMEMLIMIT"], need>>20, total>>20)
+			}
+			if mem := quantityBytes(c.Resources.Limits["memory"]); mem < limit+nonHeapMargin {
+				t.Errorf("%s: memory limit %q, want at least %d MiB: GOMEMLIMIT and %d MiB for what is not Go's heap", where, c.Resources.Limits["memory"], (limit+nonHeapMargin)>>20, nonHeapMargin>>20)
 			}
 		}
 	}
-	if found != 2 {
-		t.Errorf("%d mdproxy containers in deploy/kubernetes/ and its gateway example, want 2", found)
-	}
+	return found
 }
