@@ -57,10 +57,8 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	case bridge.Stored, bridge.Pending:
 		rt.metrics.BridgePoll(a.Source.String())
 		rec.decision = a.Source.String()
-		h := rec.Header()
-		h["Date"] = dateValue(rec.start) // answered from memory (or Redis) at once
-		h["Content-Type"] = rt.contentType(a.ContentType)
-		h["Content-Length"] = rt.contentLength(len(a.Body))
+		h, ah := rec.Header(), rt.answerHeader(a.ContentType, len(a.Body))
+		h["Content-Type"], h["Content-Length"] = ah.ct, ah.length
 		rec.WriteHeader(http.StatusOK)
 		if r.Method != http.MethodHead {
 			_, _ = rec.Write(a.Body)
@@ -115,7 +113,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	case a.Source == bridge.Overdue && unanswered:
 		// A file the client submitted: its pending answer, never an error or a 503.
 		rt.metrics.BridgePoll(bridge.Pending.String())
-		writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
+		writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
 	case f.aborted:
 		// Nothing of Core's answer was sent: the client learns it failed, and the
 		// request is counted under the proxy's status, not as a client that left.
@@ -410,35 +408,27 @@ func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string
 	}
 }
 
-// contentLength is the Content-Length header value for n bytes. The value last used
-// is kept: a client polling a finished scan gets the same answer, of the same length,
-// each time.
-func (rt *route) contentLength(n int) []string {
-	if m := rt.bridged.lastCL.Load(); m != nil && m.n == n {
-		return m.v
-	}
-	m := &lengthMemo{n: n, v: []string{strconv.Itoa(n)}}
-	rt.bridged.lastCL.Store(m)
-	return m.v
-}
-
-// lengthMemo is a body length and its Content-Length header value.
-type lengthMemo struct {
-	n int
-	v []string
-}
-
-// contentType is the Content-Type header value of a bridge answer: Core's own, or JSON.
-// The value last used is kept (net/http never modifies a header value): Core answers
-// results in one type, and answering from the store then allocates no header value.
-func (rt *route) contentType(ct string) []string {
+// contentType is the Content-Type of a bridge answer: Core's own, or JSON.
+func contentType(ct string) []string {
 	if ct == "" {
 		return jsonContentType
 	}
-	if v := rt.bridged.lastCT.Load(); v != nil && (*v)[0] == ct {
-		return *v
+	return []string{ct}
+}
+
+// answerHeader is the Content-Type and Content-Length of the bridge's last answer on a
+// route, kept: a client polls a finished scan in a loop for the same answer.
+type answerHeader struct {
+	contentType string
+	n           int
+	ct, length  []string
+}
+
+func (rt *route) answerHeader(ct string, n int) *answerHeader {
+	if h := rt.bridged.lastAnswer.Load(); h != nil && h.contentType == ct && h.n == n {
+		return h
 	}
-	v := []string{ct}
-	rt.bridged.lastCT.Store(&v)
-	return v
+	h := &answerHeader{contentType: ct, n: n, ct: contentType(ct), length: []string{strconv.Itoa(n)}}
+	rt.bridged.lastAnswer.Store(h)
+	return h
 }

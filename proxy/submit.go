@@ -41,14 +41,13 @@ var _ Bridge = (*bridge.Bridge)(nil)
 // use.
 type bridged struct {
 	bridge      Bridge
-	poll        bool                       // GET /file/{data_id}: answered by the bridge (servePoll)
-	readsAnswer bool                       // the proxy reads or shares Core's answers (askWholeAnswer)
-	secrets     *regexp.Regexp             // webhook_status: the bridge's callback secrets
-	flight      singleflight.Group         // one Core request for concurrent polls of an id
-	buffers     *bridge.Budget             // Core's answers to polls held at once (Options.PollBuffers)
-	lastOwner   atomic.Pointer[ownerMemo]  // see ownerOf
-	lastCT      atomic.Pointer[[]string]   // see contentType
-	lastCL      atomic.Pointer[lengthMemo] // see contentLength
+	poll        bool                      // GET /file/{data_id}: answered by the bridge (servePoll)
+	readsAnswer bool                      // the proxy reads or shares Core's answers (askWholeAnswer)
+	secrets     *regexp.Regexp            // webhook_status: the bridge's callback secrets
+	flight      singleflight.Group        // one Core request for concurrent polls of an id
+	buffers     *bridge.Budget            // Core's answers to polls held at once (Options.PollBuffers)
+	lastOwner   atomic.Pointer[ownerMemo] // see ownerOf
+	lastAnswer  atomic.Pointer[answerHeader]
 }
 
 // bridgeWith gives rt its side of the bridge b, if it has one, with buffers the budget
@@ -225,8 +224,7 @@ type readCloser struct {
 }
 
 // ownerOf returns the bridge's owner of r: the SHA-256 of its apikey. The last apikey
-// seen and its owner are kept, since a client polls with one key in a loop and the
-// hash would otherwise be computed anew for each poll.
+// and its owner are kept: a client polls with one apikey in a loop.
 func (rt *route) ownerOf(r *http.Request) bridge.Owner {
 	key := apikeyOf(r)
 	if m := rt.bridged.lastOwner.Load(); m != nil && m.apikey == key {
@@ -237,7 +235,6 @@ func (rt *route) ownerOf(r *http.Request) bridge.Owner {
 	return m.owner
 }
 
-// ownerMemo is an apikey and its owner.
 type ownerMemo struct {
 	apikey string
 	owner  bridge.Owner
