@@ -24,16 +24,11 @@ const (
 	SourceCore    = "core"    // Core was asked
 )
 
-// Route is the metrics of one route, made once per route by Metrics.Route: the proxy
-// calls its methods and never picks a vector's children by label position. Each
-// child is created at its first use (issue 13: a fleet of sidecars scraped by one
-// Prometheus pays for every series), so that a route never used exports no series and
-// a route never limited no limit gauges; a child once made costs one atomic load to
-// find. Label values come from fixed sets: the route's name, Methods (or OTHER), a
-// status code, Decisions, Kinds, the peers and the bridge's sources. Safe for
-// concurrent use.
+// Route is the metrics of one route, made once per route by Metrics.Route: one method
+// per event, label values from fixed sets. A child is created at its first use (a route
+// never used exports no series, one never limited no limit gauges), then found with one
+// atomic load. Safe for concurrent use.
 type Route struct {
-	name                        string
 	requests, upstreamCodes     *codeCounters
 	decisions                   [6]*lazy[prometheus.Counter]         // by index in Decisions
 	upstreamErrors              [5]*lazy[prometheus.Counter]         // by index in Kinds
@@ -46,11 +41,9 @@ type Route struct {
 	bridgePolls                 map[string]prometheus.Counter // by source; nil: no bridge
 }
 
-// Route returns the metrics of the route name. Call it once per route: each call makes
-// a new set of lazily created children (the series they create are the same).
+// Route returns the metrics of the route name; call it once per route.
 func (m *Metrics) Route(name string) *Route {
 	r := &Route{
-		name:             name,
 		requests:         &codeCounters{vec: m.Requests, route: name, method: true},
 		upstreamCodes:    &codeCounters{vec: m.UpstreamResponses, route: name},
 		bodyTimeouts:     map[string]*lazy[prometheus.Counter]{},
@@ -75,9 +68,8 @@ func (m *Metrics) Route(name string) *Route {
 	return r
 }
 
-// WithBridgePolls makes the route count the polls the bridge answers
-// (mdproxy_bridge_polls_total, by source, every source's series created now at 0) and
-// returns r. Call it before r is used, for the route the bridge answers only.
+// WithBridgePolls makes r count the bridge's polls (every source's series made now at
+// 0) and returns r. Call it before r is used.
 func (r *Route) WithBridgePolls(m *Metrics) *Route {
 	r.bridgePolls = map[string]prometheus.Counter{}
 	for _, src := range []string{SourceStore, SourcePending, SourceCore} {
@@ -92,9 +84,8 @@ func (r *Route) Started() { r.inFlight.get().Inc() }
 // Done ends what Started counted.
 func (r *Route) Done() { r.inFlight.get().Dec() }
 
-// Answered counts a request answered: its method (any string; OTHER when not one of
-// Methods), the status code sent (499 for a client that went away), the body bytes
-// written to the client and the time it took.
+// Answered counts a request answered: its method (OTHER when not in Methods), the status
+// sent (499: the client left), the body bytes sent and the time taken.
 func (r *Route) Answered(method string, code int, bytes int64, elapsed time.Duration) {
 	r.requests.inc(method, code)
 	if bytes > 0 {
@@ -103,7 +94,7 @@ func (r *Route) Answered(method string, code int, bytes int64, elapsed time.Dura
 	r.duration.get().Observe(elapsed.Seconds())
 }
 
-// Decided counts a decision of the limiter, one of Decisions; any other is not counted.
+// Decided counts a decision, one of Decisions; any other is not counted.
 func (r *Route) Decided(decision string) {
 	for i, d := range Decisions {
 		if d == decision {
@@ -113,22 +104,20 @@ func (r *Route) Decided(decision string) {
 	}
 }
 
-// RequestBytes counts n bytes of a request body read from the client and sent to Core.
+// RequestBytes counts n bytes of a request body sent to Core.
 func (r *Route) RequestBytes(n int64) {
 	if n > 0 {
 		r.requestBytes.get().Add(float64(n))
 	}
 }
 
-// UpstreamAnswered counts Core's answer of status code whose headers came elapsed
-// after the request was sent.
+// UpstreamAnswered counts Core's answer of status code, its headers in after elapsed.
 func (r *Route) UpstreamAnswered(code int, elapsed time.Duration) {
 	r.upstreamDuration.get().Observe(elapsed.Seconds())
 	r.upstreamCodes.inc("", code)
 }
 
-// UpstreamError counts a failed exchange with Core of kind, one of Kinds (any other
-// counts as KindOther).
+// UpstreamError counts a failed exchange with Core of kind (Kinds; else KindOther).
 func (r *Route) UpstreamError(kind string) {
 	for i, k := range Kinds {
 		if k == kind {
@@ -139,17 +128,15 @@ func (r *Route) UpstreamError(kind string) {
 	r.upstreamErrors[len(Kinds)-1].get().Inc()
 }
 
-// BodyTimeout counts an exchange cut because peer (PeerClient or PeerCore) made no
-// progress on a body for the body idle timeout.
+// BodyTimeout counts an exchange cut because peer (PeerClient, PeerCore) made no progress.
 func (r *Route) BodyTimeout(peer string) {
 	if c := r.bodyTimeouts[peer]; c != nil {
 		c.get().Inc()
 	}
 }
 
-// BridgePoll counts a poll the bridge answered, by the bridge's source: "store",
-// "pending", or "miss" and "overdue", both Core asked ("core"). Nothing is counted on a
-// route without WithBridgePolls.
+// BridgePoll counts a poll the bridge answered by its source: "store", "pending", or
+// "miss" and "overdue" (Core asked: "core"). Nothing without WithBridgePolls.
 func (r *Route) BridgePoll(source string) {
 	switch source {
 	case "miss", "overdue":
@@ -160,10 +147,9 @@ func (r *Route) BridgePoll(source string) {
 	}
 }
 
-// SetLimit sets the route's limit gauges: rate in requests a second, burst in requests,
-// the longest wait for a token; limited false for a route without a limit. The gauges
-// are made for a limited route, set to 0 when a route that had a limit has none any
-// more, and never made for a route never limited.
+// SetLimit sets the limit gauges: rate in requests a second, burst, the longest wait;
+// limited false sets a route that had a limit to 0, and makes nothing for one never
+// limited.
 func (r *Route) SetLimit(limited bool, rate float64, burst int, maxWait time.Duration) {
 	if !limited {
 		if !r.limitRate.made() {
@@ -176,9 +162,8 @@ func (r *Route) SetLimit(limited bool, rate float64, burst int, maxWait time.Dur
 	r.limitMaxWait.get().Set(maxWait.Seconds())
 }
 
-// lazy is a metric child created when it is first used. get is one atomic load once
-// the child exists. Safe for concurrent use: two first uses may both ask the vector,
-// which answers the same child.
+// lazy is a metric child created at its first use. Safe for concurrent use: two first
+// uses get the same child from the vector.
 type lazy[T any] struct {
 	make func() T
 	v    atomic.Pointer[T]
@@ -186,7 +171,6 @@ type lazy[T any] struct {
 
 func newLazy[T any](make func() T) *lazy[T] { return &lazy[T]{make: make} }
 
-// get returns the child, creating it on the first call.
 func (l *lazy[T]) get() T {
 	if p := l.v.Load(); p != nil {
 		return *p
@@ -196,7 +180,6 @@ func (l *lazy[T]) get() T {
 	return *l.v.Load()
 }
 
-// made reports whether the child exists.
 func (l *lazy[T]) made() bool { return l.v.Load() != nil }
 
 // counterOf returns the lazy child of vec for labels.
@@ -204,28 +187,22 @@ func counterOf(vec *prometheus.CounterVec, labels ...string) *lazy[prometheus.Co
 	return newLazy(func() prometheus.Counter { return vec.WithLabelValues(labels...) })
 }
 
-// codeCounters holds the children of a counter vector labelled by route and status
-// code (and, with method, the method), created as codes appear: the map lookup of a
-// known code does not allocate, where WithLabelValues would format the code and hash
-// the labels at every request. Safe for concurrent use.
+// codeCounters holds the children of a vector labelled by route, (method,) and code, made
+// as they appear: WithLabelValues would format and hash at every request. Safe for
+// concurrent use.
 type codeCounters struct {
 	vec    *prometheus.CounterVec
 	route  string
-	method bool     // the vector has a method label, between route and code
-	byKey  sync.Map // uint32(method index<<16 | code) -> *codeMemo
-	// last is the key counted last: a route answers runs of the same method and code
-	// (a poll storm, its limit answers), and one atomic load then finds the counter.
-	last atomic.Pointer[codeMemo]
+	method bool                     // the vector has a method label, between route and code
+	byKey  sync.Map                 // uint32(method index<<16 | code) -> *codeMemo
+	last   atomic.Pointer[codeMemo] // a route answers runs of one method and code
 }
 
-// codeMemo is a key of codeCounters.byKey and its counter, made once per key.
 type codeMemo struct {
 	key uint32
 	ctr prometheus.Counter
 }
 
-// inc counts one answer of code to a request of method (not read without a method
-// label).
 func (c *codeCounters) inc(method string, code int) {
 	mi := 0
 	if c.method {
@@ -251,7 +228,6 @@ func (c *codeCounters) inc(method string, code int) {
 	m.ctr.Inc()
 }
 
-// methodIndex is the index of method in Methods, len(Methods) for OTHER.
 func methodIndex(method string) int {
 	for i, m := range Methods {
 		if m == method {

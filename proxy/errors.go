@@ -18,8 +18,7 @@ import (
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
-// errorBody renders msg in Core's error format, {"err": msg}
-// (docs/core-api.md, "Errors").
+// errorBody renders msg in Core's error format, {"err": msg} (docs/core-api.md, "Errors").
 func errorBody(msg string) []byte {
 	body, _ := json.Marshal(struct {
 		Err string `json:"err"`
@@ -32,7 +31,6 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeBody(w, status, errorBody(msg))
 }
 
-// writeBody answers status with a JSON body rendered by errorBody.
 func writeBody(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
 	h["Content-Type"] = jsonContentType
@@ -42,55 +40,43 @@ func writeBody(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// Header values shared by every error answer; net/http never modifies them.
+// Header values shared by every answer; net/http never modifies them.
 var (
 	jsonContentType = []string{"application/json; charset=utf-8"}
 	nosniff         = []string{"nosniff"}
 )
 
-// failed is what a failed round trip to Core comes to: what the client is told, and
-// what is counted.
+// failed is a failed round trip to Core: the answer and what is counted.
 type failed struct {
-	// status and msg are the answer, msg in Core's error format; status 0: nothing
-	// is sent, the client having gone away.
+	// status 0: nothing is sent, the client left.
 	status int
 	msg    string
-	// counted is the status counted when it is not status: 499 for a client whose
-	// upload broke (it may still read why), 0 otherwise.
+	// counted, when not 0, is the status counted: 499 for a client whose upload broke.
 	counted int
 	kind    string // the upstream error kind counted (metrics.Kinds); "": none
 	peer    string // the peer whose body timeout is counted (metrics.PeerClient, PeerCore); "": none
 	log     bool   // worth a (sampled) line in the log
 }
 
-// roundTrip is what failure needs to know of the exchange beside the error: the
-// error that ended the client's request body early (nil: none), whether the client
-// went away (its request's context ended), whether the body was chunked, and the
-// timeouts the messages quote.
+// roundTrip is what failure needs beside the error.
 type roundTrip struct {
 	bodyErr                   error
 	clientGone, chunked       bool
 	bodyIdle, upstreamTimeout time.Duration
 }
 
-// failure maps err, the error of a round trip to Core, to the client's answer: 408 when
-// the client stopped sending its upload; for the client going away, nothing, and for
-// its upload breaking, 400; 502 when Core refused, reset or could not be reached (a
-// TLS handshake that failed, an invalid status, a protocol switch) or broke off its
-// answer to a submission it accepted; 504 when Core sent no headers within the upstream
-// timeout or made no progress on the request for the body idle timeout. A pure
-// function of its arguments.
+// failure maps err, a round trip's error, to the client's answer: 408 when the client stopped
+// sending, nothing to a client gone and 400 to a broken upload, 502 when Core refused,
+// reset, could not be reached or cut its 200 to a submission, 504 when Core sent no headers
+// in time or made no progress for the body idle timeout. A pure function.
 func failure(err error, rt roundTrip) failed {
 	if errors.Is(rt.bodyErr, errClientIdle) {
-		// Not Core's fault: the client stopped sending its upload.
 		return failed{status: http.StatusRequestTimeout, peer: metrics.PeerClient,
 			msg: fmt.Sprintf("The request body made no progress for %v.", rt.bodyIdle)}
 	}
 	kind := classify(err, rt)
 	switch kind {
 	case metrics.KindCanceled:
-		// A client whose upload broke may still be there to read why; one that went
-		// away gets nothing, not even a status.
 		if rt.clientGone {
 			return failed{kind: kind}
 		}
@@ -104,7 +90,7 @@ func failure(err error, rt roundTrip) failed {
 		case isDial(err):
 			return failed{status: http.StatusBadGateway, msg: "Core could not be reached: connect timeout.", kind: kind, log: true}
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			// A read or write deadline of Core's connection, not the header timeout.
+			// A deadline of Core's connection, not the header timeout.
 			return failed{status: http.StatusGatewayTimeout, peer: metrics.PeerCore, kind: kind, log: true,
 				msg: fmt.Sprintf("Core made no progress on the request for %v.", rt.bodyIdle)}
 		}
@@ -117,25 +103,22 @@ func failure(err error, rt roundTrip) failed {
 	case isTLS(err):
 		msg = "Core could not be reached: TLS handshake failed (see mdproxy's log)."
 	case errors.As(err, new(*acceptedCutError)):
-		// Not "Core could not be reached": a client told so may submit again.
+		// Not "could not be reached": a client told so may submit again.
 		msg = "Core accepted the file (200) but its answer broke off before the data_id: the scan may be running."
 	case errors.As(err, &bad):
 		msg = fmt.Sprintf("Core's answer has an invalid status (%03d).", bad.code)
 	case strings.HasPrefix(err.Error(), "backend tried to switch protocol"):
-		// httputil.ReverseProxy's error, untyped, for a 101 to a request that asked
-		// no upgrade (the proxy forwards none).
+		// ReverseProxy's untyped error for a 101 to a request that asked no upgrade.
 		msg = "Core switched protocols (101): Core's API has no protocol upgrade, so none is relayed."
 	}
 	return failed{status: http.StatusBadGateway, msg: msg, kind: kind, log: true}
 }
 
-// classify names the kind of err, a round trip error of a request forwarded by the
-// proxy (metrics.Kinds).
+// classify names the kind of a forwarded request's round trip error (metrics.Kinds).
 func classify(err error, rt roundTrip) string {
 	var ne net.Error
 	switch {
 	case errors.Is(err, errCoreGone), errors.Is(rt.bodyErr, errCoreGone):
-		// Core's connection closed while the upload was being read.
 		return metrics.KindReset
 	case rt.clientGone, rt.bodyErr != nil:
 		return metrics.KindCanceled
@@ -150,8 +133,7 @@ func classify(err error, rt roundTrip) string {
 	return metrics.KindOther
 }
 
-// upstreamError is the ReverseProxy's ErrorHandler: it answers and counts a failed
-// round trip as failure says, in Core's error format.
+// upstreamError is ReverseProxy's ErrorHandler: it answers and counts as failure says.
 func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	rec, _ := w.(*recorder)
 	f := failure(err, roundTrip{bodyErr: exchangeOf(r).requestFailed(), clientGone: r.Context().Err() != nil,
@@ -177,10 +159,8 @@ func (rt *route) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	}
 }
 
-// isTLS reports whether err comes from the TLS handshake with Core: its certificate not
-// verified, or an alert from Core (e.g. a client certificate missing or refused). Over
-// TCP, crypto/tls reports Core's alert as a *net.OpError whose Op is "remote error"
-// around an unexported type (tls.AlertError is QUIC's).
+// isTLS reports whether err comes from the TLS handshake with Core. crypto/tls reports
+// Core's alert over TCP as a *net.OpError "remote error" (tls.AlertError is QUIC's).
 func isTLS(err error) bool {
 	var cv *tls.CertificateVerificationError
 	var alert tls.AlertError
@@ -190,7 +170,6 @@ func isTLS(err error) bool {
 		(errors.As(err, &op) && op.Op == "remote error")
 }
 
-// isDial reports whether err happened while connecting to Core.
 func isDial(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"

@@ -16,20 +16,13 @@ import (
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
-// Errors that end an exchange on a stalled or vanished peer. classify and the
-// handler's recovery read them to answer and count each case.
+// Errors that end an exchange on a stalled or vanished peer.
 var (
-	// errClientIdle: the client sent no byte of its request body for the body idle
-	// timeout.
 	errClientIdle = errors.New("the client sent nothing of its request body for the body idle timeout")
-	// errCoreGone: Core's connection closed while the client's request body was
-	// still being read; the read was cut so that the client learns it at once.
-	errCoreGone = errors.New("Core closed the connection before the request body was sent")
+	errCoreGone   = errors.New("Core closed the connection before the request body was sent")
 )
 
-// forward sends r to Core and relays Core's answer to rec, within an exchange that
-// bounds both directions (exchange). Once Core's answer is relayed, or cut,
-// rec.forwarded is set.
+// forward sends r to Core and relays Core's answer to rec, bounded both ways (exchange).
 func (rt *route) forward(rec *recorder, r *http.Request) {
 	w := rec.ResponseWriter // the server's own: its deadlines, its full duplex
 	ex := newExchange(w, r, rt.bodyIdle)
@@ -41,17 +34,12 @@ func (rt *route) forward(rec *recorder, r *http.Request) {
 	} else {
 		ex.bodyDone = true
 	}
-	// The body is wrapped in the copy of r that is forwarded, never in r itself:
-	// net/http looks at r.Body after the handler, to end the connection gently after
-	// a large body left unread (closeWriteAndWait), which it does only for its own
-	// body type.
+	// The body is wrapped in the forwarded copy of r: net/http closes its own body type gently
+	// after the handler (closeWriteAndWait).
 	out := r.WithContext(ex.trace(context.WithValue(r.Context(), exchangeKey{}, ex)))
 	if hasBody {
-		// Core may answer before it has the whole body and read on. net/http would
-		// then read the rest of a body under 256 KiB itself before it writes the
-		// answer, taking it from the transport that forwards it (Core's upload cut
-		// short, and a streamed answer with it): full duplex leaves the body to the
-		// transport, and to drain once the answer is written.
+		// Core may answer before it has read the whole body: full duplex leaves the rest to the
+		// transport, not to net/http's read of up to 256 KiB before the answer.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		out.Body = &requestBody{body: r.Body, ex: ex}
 	}
@@ -59,22 +47,18 @@ func (rt *route) forward(rec *recorder, r *http.Request) {
 	rec.forwarded = true
 }
 
-// exchangeKey is the context key of a forwarded request's *exchange.
 type exchangeKey struct{}
 
-// deadliner is what the connection of an answer offers to bound its reads and writes:
-// net/http's own ResponseWriter has both methods (the ones http.ResponseController
-// calls).
+// deadliner is net/http's ResponseWriter's deadlines (what http.ResponseController calls).
 type deadliner interface {
 	SetReadDeadline(time.Time) error
 	SetWriteDeadline(time.Time) error
 }
 
-// exchange is the state of one forwarded request in both directions. It bounds how
-// long the client may make no progress sending its body, records why Core's response
-// body ended early, and cuts the client's upload at once when Core's connection closes
-// under it. It is safe for concurrent use: the transport's goroutines read the request
-// body and close Core's connection while the handler's goroutine answers.
+// exchange is one forwarded request in both directions: it bounds the client's silence
+// while sending its body, records why Core's answer ended early, and cuts the upload at
+// once when Core's connection closes under it. Safe for concurrent use (the transport's
+// goroutines and the handler's).
 type exchange struct {
 	idle   time.Duration   // 0: no idle bound
 	client deadliner       // nil when the ResponseWriter has no deadlines
@@ -104,11 +88,9 @@ func newExchange(w http.ResponseWriter, r *http.Request, idle time.Duration) *ex
 	return ex
 }
 
-// requestBody wraps the client's request body for the transport: it counts bytes,
-// bounds the wait for each read by the idle timeout, and ends with errCoreGone once
-// Core has gone. Its Close ends the transport's reads and leaves the client's body
-// open: net/http closes that after the handler, and the handler may first read what
-// the client still sends (exchange.drain).
+// requestBody is the client's body as the transport reads it: counted, each read bounded by
+// the idle timeout, ended by errCoreGone once Core has gone. Close ends the transport's reads
+// only: the handler may still drain the client's body (exchange.drain).
 type requestBody struct {
 	body io.Reader
 	ex   *exchange
@@ -129,9 +111,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		now := time.Now()
 		_ = ex.client.SetReadDeadline(now.Add(ex.idle))
 		if !ex.asked {
-			// net/http writes "100 Continue" to a client that asked for it at the
-			// body's first read, before any answer: bounded, or it would block for
-			// ever on a client that stopped reading earlier answers on the connection.
+			// net/http writes 100 Continue at the first read: bounded too.
 			_ = ex.client.SetWriteDeadline(now.Add(ex.idle))
 		}
 	}
@@ -148,8 +128,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	switch {
 	case err == io.EOF:
 		ex.bodyDone = true
-		// The server's background read of the connection starts now: it must not
-		// inherit the idle deadline, or a slow answer from Core would cut it.
+		// The server's background read starts now: no idle deadline on it.
 		if ex.idle > 0 && !ex.finished {
 			_ = ex.client.SetReadDeadline(time.Time{})
 		}
@@ -163,7 +142,6 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close ends the transport's reads of the body; a read already under way finishes.
 func (b *requestBody) Close() error {
 	b.ex.mu.Lock()
 	b.ex.released = true
@@ -171,31 +149,17 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
-// maxDrain is the most of the rest of a request body that the proxy reads and
-// discards after its answer, in bytes (exchange.drain): 16 MiB, more than a client
-// has in flight when it learns the answer with Linux's default socket buffers (up to
-// 6 MiB received and not yet read, and 4 MiB sent and not yet acknowledged).
+// maxDrain bounds the rest of a request body drain reads and discards: 16 MiB, more than
+// Linux's default socket buffers hold in flight.
 const maxDrain = 16 << 20
 
-// drain reads and discards what the client still sends of its request body once the
-// exchange is over and its answer written (Core's early answer, or the proxy's own: a
-// 502 when Core went away under the upload, a 504 when it stopped reading it), so that
-// the client's connection is not closed under a client still sending: a close with the
-// client's data unread makes the kernel reset the connection, and a client may then
-// fail on its next write without reading the answer waiting for it (curl does: "Send
-// failure: Connection reset by peer"). net/http itself reads at most 256 KiB more of a
-// body its handler left, and behind "Expect: 100-continue" closes the connection at
-// once, reset (it ends one gently, closing its writing side and waiting a moment
-// first, closeWriteAndWait, only for a plain body). The answer says Connection: close
-// (recorder.WriteHeader).
-//
-// It reads until the body ends or the client stops (closes, or sends nothing for the
-// body idle timeout, counted from the answer), and at most maxDrain bytes: past them,
-// http.MaxBytesReader makes net/http end the connection gently (RFC 9112, section
-// 9.6), whatever the body's type. It reads nothing of a body the client was never asked
-// for (it waits for a 100 Continue it did not get), nor of one that ended in the
-// client's error or silence. Called by the handler's goroutine after finish, with w the
-// server's own ResponseWriter and r the client's request.
+// drain reads and discards the rest of the request body once the answer is written, so that
+// the connection is not closed (and reset by the kernel) under a client still sending: a
+// client may then fail without reading the answer (curl: "Send failure: Connection reset by
+// peer"). net/http reads at most 256 KiB itself, and none behind Expect: 100-continue. It
+// reads at most maxDrain (then http.MaxBytesReader closes the connection gently, RFC 9112,
+// section 9.6), within the body idle timeout, and nothing of a body never asked for or that
+// failed. Called by the handler's goroutine after finish.
 func (ex *exchange) drain(w http.ResponseWriter, r *http.Request) {
 	ex.mu.Lock()
 	drains := ex.asked && !ex.bodyDone
@@ -203,8 +167,6 @@ func (ex *exchange) drain(w http.ResponseWriter, r *http.Request) {
 	if err := ex.requestFailed(); !drains || (err != nil && err != errCoreGone) {
 		return
 	}
-	// A short answer waits in net/http's buffer until the handler returns: it must
-	// be on its way before the proxy reads on.
 	if http.NewResponseController(w).Flush() != nil {
 		return
 	}
@@ -222,14 +184,12 @@ func (ex *exchange) requestFailed() error {
 	return nil
 }
 
-// bodyUnread reports whether the request has a body not read to its end.
 func (ex *exchange) bodyUnread() bool {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	return !ex.bodyDone
 }
 
-// responseFailed returns the error that ended Core's response body early, or nil.
 func (ex *exchange) responseFailed() error {
 	if p := ex.respErr.Load(); p != nil {
 		return *p
@@ -237,13 +197,9 @@ func (ex *exchange) responseFailed() error {
 	return nil
 }
 
-// coreClosed is called when Core's connection carrying this request closes. While the
-// request body is still being read, nothing can reach Core any more: the client's
-// pending read is cut (its deadline set to now), so that the transport gives up and
-// the client is answered 502 instead of waiting on an upload that goes nowhere.
-//
-// A client that went away first makes the transport close Core's connection too: that
-// is the client leaving (499), not Core going away.
+// coreClosed is called when Core's connection closes: while the body is still being read,
+// the client's pending read is cut so the client gets 502 at once. After the client left,
+// it is the client leaving (499), not Core.
 func (ex *exchange) coreClosed() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -256,12 +212,9 @@ func (ex *exchange) coreClosed() {
 	}
 }
 
-// finish is called when the handler's exchange ends: the client connection goes back
-// to the server with a read deadline one body idle timeout away while the body is not
-// read to its end (net/http's own reads of it), none after, and with the write deadline
-// of the answer's last write (recorder.armWrite): net/http writes the answer's last
-// bytes after the handler, and a client that stopped reading must not hold that write
-// for ever (net/http clears the deadline once they are out).
+// finish ends the exchange: while the body is unread, net/http's own later reads of it get
+// a read deadline one idle timeout away; the write deadline of the last write stays
+// (recorder.armWrite) for the answer's last bytes net/http writes after the handler.
 func (ex *exchange) finish() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -270,18 +223,11 @@ func (ex *exchange) finish() {
 		ex.core.unwatch(ex)
 	}
 	if ex.idle > 0 && !ex.bodyDone && ex.requestFailed() == nil {
-		// net/http reads the rest of a body of up to 256 KiB after the handler (and
-		// closes the connection after one longer): that read is bounded like ours
-		// (drain sets its own), or a client gone silent would hold the connection
-		// until it closed it. A body that failed keeps the deadline that cut it,
-		// past already: net/http gives up the rest at once.
 		_ = ex.client.SetReadDeadline(time.Now().Add(ex.idle))
 	}
 }
 
-// trace returns ctx with a ClientTrace that ties Core's connection to ex: until
-// answered, its reads wait for the answer's headers (coreConn.answering); and, while
-// the request has a body to send, its closing reaches coreClosed.
+// trace returns ctx with a ClientTrace that ties Core's connection to ex (coreConn).
 func (ex *exchange) trace(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
@@ -299,8 +245,7 @@ func (ex *exchange) trace(ctx context.Context) context.Context {
 	})
 }
 
-// answered is called once the headers of Core's answer are in: the reads of Core's
-// connection are of its body from now on, each bounded by the body idle timeout.
+// answered is called once Core's answer's headers are in: reads are of its body from now.
 func (ex *exchange) answered() {
 	ex.mu.Lock()
 	c := ex.core
@@ -310,7 +255,7 @@ func (ex *exchange) answered() {
 	}
 }
 
-// responseBody wraps Core's response body and records the error that ended it early.
+// responseBody records the error that ended Core's response body early.
 type responseBody struct {
 	io.ReadCloser
 	ex *exchange
@@ -324,20 +269,17 @@ func (b *responseBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// exchangeOf returns the exchange of a request forwarded by the proxy, or nil.
 func exchangeOf(r *http.Request) *exchange {
 	ex, _ := r.Context().Value(exchangeKey{}).(*exchange)
 	return ex
 }
 
-// isDeadline reports whether err is a read or write deadline passing.
 func isDeadline(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// timedTransport counts Core's answers by status code, with the time to their
-// headers (metrics.Route.UpstreamAnswered).
+// timedTransport counts Core's answers by status, with the time to their headers.
 type timedTransport struct {
 	next http.RoundTripper
 	m    *metrics.Route
@@ -347,9 +289,7 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	start := time.Now()
 	resp, err := t.next.RoundTrip(r)
 	if err == nil && (resp.StatusCode < 100 || resp.StatusCode > 599) {
-		// RFC 9110, section 15: a status is 100 to 599. net/http reads any three
-		// digits; relayed, 099 read as a 1xx became a 200 of the proxy's, and 999
-		// went to the client and into the metrics' code label.
+		// RFC 9110, section 15: a status is 100 to 599.
 		resp.Body.Close()
 		return nil, &badStatusError{resp.StatusCode}
 	}
@@ -365,14 +305,13 @@ func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// badStatusError is Core's answer with a status outside 100 to 599.
 type badStatusError struct{ code int }
 
 func (e *badStatusError) Error() string {
 	return fmt.Sprintf("Core answered with status %03d, outside 100 to 599", e.code)
 }
 
-// copyBuffers recycles the 32 KiB buffers ReverseProxy copies bodies through.
+// copyBuffers recycles ReverseProxy's 32 KiB copy buffers.
 var copyBuffers = &bufferPool{sync.Pool{New: func() any { return new([32 << 10]byte) }}}
 
 type bufferPool struct{ p sync.Pool }

@@ -763,16 +763,3 @@ func TestCustomLimiter(t *testing.T) {
 	checkMetric(t, reg, "mdproxy_limit_burst_requests", map[string]string{"route": "file_result"}, 9)
 	checkMetric(t, reg, "mdproxy_limit_rate_requests_per_second", map[string]string{"route": "version"}, 0)
 }
-
-// TestDateValue: the Date value of an instant is its second, formatted as net/http
-// formats it, and shared by the instants of one second.
-func TestDateValue(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 5, 30, 59, 999_000_000, time.FixedZone("CET", 3600))
-	a, b := dateValue(t0), dateValue(t0.Add(-500*time.Millisecond))
-	if a[0] != "Tue, 01 Dec 2026 04:30:59 GMT" || &a[0] != &b[0] {
-		t.Errorf("dateValue = %q and %q (shared: %v), want one shared value Tue, 01 Dec 2026 04:30:59 GMT", a, b, &a[0] == &b[0])
-	}
-	if c := dateValue(t0.Add(time.Millisecond)); c[0] != "Tue, 01 Dec 2026 04:31:00 GMT" {
-		t.Errorf("dateValue of the next second = %q", c)
-	}
-}

@@ -16,24 +16,17 @@ import (
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
-// DefaultPollBufferBytes is Options.PollBufferBytes' default: 64 MiB of Core's answers
-// to bridged polls held at once.
+// DefaultPollBufferBytes is Options.PollBufferBytes' default, in bytes.
 const DefaultPollBufferBytes = 64 << 20
 
-// maxPollError bounds Core's answer to a bridged poll that is not a 200 (an error, its
-// own 503, a 404 for a scan it lost), which the proxy reads whole whatever the budget
-// to decide what the polls waiting on it get: Core answers these with a small JSON
-// object. A larger one gets 502. 64 KiB: each poll asking Core may hold this much,
-// outside the budget.
+// maxPollError bounds Core's answer to a bridged poll that is not a 200, read whole
+// whatever the budget (Core's errors are small JSON objects); a larger one gets 502.
 const maxPollError = 64 << 10
 
-// bridgedID returns the data_id of a poll the bridge answers: GET or HEAD
-// /file/{data_id} spelt as Core's API writes it (no escape, no empty segment, no
-// trailing slash; the route's name in lower case). Another spelling that routes to
-// file_result (/FILE/{id}, //file/{id}, /file/{id}/, a percent-escape) is Core's to
-// read, and Core on Linux answers 404 to most: it is forwarded as with the bridge off,
-// and the bridge neither answers it from what it knows nor learns from Core's answer
-// (a 404 to /file/{id}/ is not Core losing the scan of {id}).
+// bridgedID returns the data_id of a poll the bridge answers: /file/{data_id} spelt as
+// Core's API writes it. Another spelling that routes to file_result (/FILE/{id}, //file/{id},
+// /file/{id}/, an escape) is forwarded as with the bridge off: Core on Linux answers 404 to
+// most, which must not read as Core losing the scan.
 func bridgedID(u *url.URL) (string, bool) {
 	id, ok := strings.CutPrefix(u.Path, "/file/")
 	if !ok || id == "" || u.RawPath != "" || strings.Contains(id, "/") {
@@ -42,11 +35,10 @@ func bridgedID(u *url.URL) (string, bool) {
 	return id, true
 }
 
-// servePoll answers GET or HEAD /file/{id} with the bridge: a stored result or the
-// pending answer without asking Core or taking a token; otherwise Core is asked under the
-// route's limit, once for all the concurrent polls of the same data_id by the same owner,
-// and its final answer is stored. A pending id is never answered with the limit answer:
-// when Core may not be asked now, its pending answer stands.
+// servePoll answers a poll with the bridge: a stored result or the pending answer without
+// asking Core or taking a token; otherwise Core is asked under the route's limit, once for
+// the concurrent polls of one data_id by one owner, and its final answer stored. A pending
+// id never gets the limit answer: its pending answer stands.
 func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	owner := rt.ownerOf(r)
 	a := rt.bridged.bridge.Poll(id, owner)
@@ -57,19 +49,15 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	case bridge.Stored, bridge.Pending:
 		rt.metrics.BridgePoll(a.Source.String())
 		rec.decision = a.Source.String()
-		h := rec.Header()
-		h["Date"] = dateValue(rec.start) // answered from memory (or Redis) at once
-		h["Content-Type"] = rt.contentType(a.ContentType)
-		h["Content-Length"] = rt.contentLength(len(a.Body))
+		h, ah := rec.Header(), rt.answerHeader(a.ContentType, len(a.Body))
+		h["Content-Type"], h["Content-Length"] = ah.ct, ah.length
 		rec.WriteHeader(http.StatusOK)
 		if r.Method != http.MethodHead {
 			_, _ = rec.Write(a.Body)
 		}
 		return
 	}
-	// Polls share Core's answer only when they asked the same: a query (a page of an
-	// archive's files, a client's cache-buster) may change it. askWholeAnswer takes the
-	// header fields that could change it away from the question.
+	// Polls share Core's answer only when they asked the same question, query included.
 	key := r.Method + " " + id + " " + string(owner[:]) + "?" + r.URL.RawQuery
 	var f *fetched
 	held := false       // this poll holds f's buffered answer (bufferHold)
@@ -78,7 +66,6 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		v, _, _ := rt.bridged.flight.Do(key, func() (any, error) { return rt.fetchPoll(rec, r, wait, id, owner), nil })
 		f = v.(*fetched)
 		if f.leader == rec && f.streamed {
-			// Core's answer went to this client as it came.
 			rec.decide(f.decision)
 			rt.metrics.BridgePoll(bridge.Miss.String())
 			if f.cut {
@@ -87,22 +74,18 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 			return
 		}
 		held = f.hold != nil && (f.leader == rec || f.hold.take())
-		// The poll that asked Core left (and, waiting for a token, gave its turn on),
-		// or took Core's answer alone, or the budget cannot hold the answer for one
-		// more: a poll still here asks again itself.
+		// The poll that asked Core left, or took Core's answer alone, or the budget cannot hold
+		// it once more: a poll still here asks again, within what is left of its MaxWait.
 		again := f.canceled || f.streamed || (f.hold != nil && !held)
 		if !again || r.Context().Err() != nil {
 			break
 		}
-		// What is left of this poll's MaxWait, not a new one: it may have waited on
-		// the other poll's token for most of it.
 		wait = rt.waitLeft(r.Context(), rec.start)
 	}
 	if held {
 		defer f.hold.release()
 	}
-	// Core was not asked after all, or could not answer: its own limit (429, 503), a
-	// failure (5xx, the proxy's 502 or 504), an answer cut short.
+	// Core was not asked, or could not answer (its limit, a failure, a cut answer).
 	unanswered := !f.decision.Pass() || f.canceled || f.aborted ||
 		f.status >= 500 || f.status == http.StatusTooManyRequests
 	if a.Source == bridge.Overdue && unanswered {
@@ -115,10 +98,9 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	case a.Source == bridge.Overdue && unanswered:
 		// A file the client submitted: its pending answer, never an error or a 503.
 		rt.metrics.BridgePoll(bridge.Pending.String())
-		writeAnswer(rec, r, http.StatusOK, rt.contentType(a.ContentType), a.Body)
+		writeAnswer(rec, r, http.StatusOK, contentType(a.ContentType), a.Body)
 	case f.aborted:
-		// Nothing of Core's answer was sent: the client learns it failed, and the
-		// request is counted under the proxy's status, not as a client that left.
+		// Nothing was sent yet: the client learns it failed, counted under the proxy's status.
 		writeError(rec, f.failStatus, f.failMsg)
 	case !f.decision.Pass():
 		rt.limit.write(rec, f.decision)
@@ -128,16 +110,14 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		for k, v := range f.header {
 			h[k] = v
 		}
-		// Core's trailers are not relayed: none follows an answer sent whole with
-		// its length.
+		// No trailers after an answer sent whole with its length.
 		delete(h, "Trailer")
 		writeAnswer(rec, r, f.status, nil, f.body)
 	}
 }
 
-// waitLeft returns ctx bounding the wait for a token (limiter.WithMaxWait) to what is
-// left of the route's MaxWait for a request that arrived at start: none when it is
-// spent, the whole of it for one that just came.
+// waitLeft returns ctx with the wait for a token bounded by what is left of the route's
+// MaxWait for a request that arrived at start (limiter.WithMaxWait).
 func (rt *route) waitLeft(ctx context.Context, start time.Time) context.Context {
 	held := rt.limiter.Load()
 	if held.l == nil {
@@ -146,33 +126,27 @@ func (rt *route) waitLeft(ctx context.Context, start time.Time) context.Context 
 	return limiter.WithMaxWait(ctx, held.l.Limit().MaxWait-time.Since(start))
 }
 
-// fetched is Core's answer to a poll: buffered to be shared by every poll waiting on it,
-// or, when the budget could not hold it, sent to the poll that asked as it came.
+// fetched is Core's answer to a poll: buffered for every poll waiting on it, or, past the
+// budget, sent to the poll that asked as it came.
 type fetched struct {
-	leader   *recorder // the poll that asked Core
-	decision limiter.Decision
-	status   int
-	header   http.Header
-	body     []byte
-	hold     *bufferHold // body's charge to the budget; nil when nothing was buffered
-	aborted  bool        // Core's answer broke off, or was too large: each client gets failStatus
-	canceled bool        // the poll that asked left first: the others ask again
-	streamed bool        // the answer went to leader's client as it came: the others ask again
-	cut      bool        // the streamed answer broke off: leader's connection is cut
-	// failStatus and failMsg answer the polls of an aborted fetch: nothing of Core's
-	// answer was sent yet, so each client learns that it failed.
+	leader     *recorder // the poll that asked Core
+	decision   limiter.Decision
+	status     int
+	header     http.Header
+	body       []byte
+	hold       *bufferHold // body's charge to the budget; nil when nothing was buffered
+	aborted    bool        // Core's answer broke off, or was too large: each client gets failStatus
+	canceled   bool        // the poll that asked left first: the others ask again
+	streamed   bool        // the answer went to leader's client as it came: the others ask again
+	cut        bool        // the streamed answer broke off: leader's connection is cut
 	failStatus int
 	failMsg    string
 }
 
-// fetchPoll asks Core about id for owner, under the route's limit, for the poll rec
-// answers, and buffers its answer within the route's budget (Options.PollBufferBytes);
-// a final 200 is stored by the bridge. A 200 that does not fit the budget goes to rec
-// as it comes instead, stored nowhere, so that the polls of large results held by slow
-// clients cannot take the proxy's memory. It follows r's context: the client that asked
-// leaving cancels its wait for a token (its turn given on, issue 9) or its request to
-// Core, and the other polls waiting on it ask again. The token is asked for under wait,
-// r's context or one that bounds the wait further (waitLeft).
+// fetchPoll asks Core about id for owner under the route's limit (the token under wait) and
+// buffers its answer within the budget (Options.PollBufferBytes); a final 200 is stored. A
+// 200 over the budget goes to rec as it comes, stored nowhere. The asking client leaving
+// cancels its wait (its turn given on) or its request, and the others ask again.
 func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context, id string, owner bridge.Owner) (f *fetched) {
 	ctx := r.Context()
 	f = &fetched{leader: rec, decision: rt.acquire(wait, r)}
@@ -239,8 +213,7 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 	}
 	switch {
 	case f.status == http.StatusOK && r.Method == http.MethodGet && r.URL.RawQuery == "" && !r.URL.ForceQuery:
-		// Only the answer to the plain question is the result to store: one to a query
-		// may be a part of it.
+		// Only the answer to the plain question is the result; a query's may be a part.
 		rt.bridged.bridge.Observe(id, owner, f.body, f.header.Get("Content-Type"))
 	case f.status == http.StatusNotFound && r.URL.RawQuery == "" && !r.URL.ForceQuery:
 		rt.bridged.bridge.Gone(id, owner) // no callback will come for a scan Core lost
@@ -248,17 +221,15 @@ func (rt *route) fetchPoll(rec *recorder, r *http.Request, wait context.Context,
 	return f
 }
 
-// tooLarge marks f, whose answer from Core was not a 200 and over maxPollError, as
-// failed: 502 to each poll waiting on it.
+// tooLarge fails f, Core's non-200 answer over maxPollError: 502 to each poll on it.
 func (rt *route) tooLarge(f *fetched) {
 	f.aborted = true
 	f.failStatus, f.failMsg = http.StatusBadGateway, fmt.Sprintf("Core's error answer is larger than the proxy reads (%d KiB).", maxPollError>>10)
 	rt.log.Warn("bridge: Core's error answer to a poll is larger than the proxy reads; the polls waiting on it get 502", "limit_bytes", maxPollError)
 }
 
-// bufferHold is the charge of a buffered answer to the route's budget of poll buffers,
-// from its reading until the last poll sharing it has written it: slow clients reading
-// shared answers hold the budget, not more memory. Safe for concurrent use.
+// bufferHold is a buffered answer's charge to the budget, held until the last poll sharing
+// it has written it. Safe for concurrent use.
 type bufferHold struct {
 	budget  *bridge.Budget
 	n       int64 // the answer's bytes
@@ -267,10 +238,8 @@ type bufferHold struct {
 	charged bool // the budget holds n for it: while a poll holds it
 }
 
-// take makes one more poll a holder of the answer. A poll that comes once every other
-// has let it go charges it anew, and when the budget cannot take it, take returns false:
-// the poll asks Core itself, the answer then sent to it as it comes when still too
-// large for the budget.
+// take makes one more poll a holder; after every other let go it charges the budget anew,
+// and false means the budget cannot: the poll asks Core itself.
 func (h *bufferHold) take() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -284,8 +253,7 @@ func (h *bufferHold) take() bool {
 	return true
 }
 
-// release lets the answer go for one poll; the last one gives its bytes back to the
-// budget.
+// release lets the answer go for one poll; the last gives the bytes back.
 func (h *bufferHold) release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -296,12 +264,9 @@ func (h *bufferHold) release() {
 	}
 }
 
-// bufferWriter is the http.ResponseWriter Core's answer to a shared poll is buffered in,
-// each piece charged to budget. A 200 that the budget cannot take turns it into the
-// leader's own writer: the bytes buffered so far are written to leader, given back to
-// the budget, and the rest goes to leader as it comes, relayed like any answer of Core
-// (ex is the exchange the leader's writes then record). Another status is buffered
-// whatever the budget, up to maxPollError bytes.
+// bufferWriter buffers Core's answer to a shared poll, each piece charged to budget. A 200
+// the budget cannot take goes to the leader's writer instead, relayed like any answer of
+// Core (ex then records its writes). Another status is buffered up to maxPollError.
 type bufferWriter struct {
 	header    http.Header // what ReverseProxy writes: Core's header, then its trailers
 	final     http.Header // Core's header as it was at WriteHeader: the answer's
@@ -329,9 +294,8 @@ func (b *bufferWriter) WriteHeader(code int) {
 	}
 }
 
-// snapshot keeps Core's header as it is at the status: the trailer fields ReverseProxy
-// adds to the header after the body are not header fields (RFC 9110, section 6.5.1),
-// and an answer sent whole has no trailer section.
+// snapshot keeps Core's header as at the status: the trailers ReverseProxy adds after the
+// body are not header fields (RFC 9110, section 6.5.1).
 func (b *bufferWriter) snapshot() {
 	b.final, b.header = b.header, http.Header{}
 }
@@ -361,8 +325,7 @@ func (b *bufferWriter) Write(p []byte) (int, error) {
 	return b.body.Write(p)
 }
 
-// stream sends what was buffered to the leader, with Core's header, and makes b write
-// the rest there as it comes.
+// stream sends what was buffered to the leader and the rest as it comes.
 func (b *bufferWriter) stream() error {
 	b.streaming = true
 	b.leader.ex = b.ex // Core's answer, relayed: each write bounded, a cut classified
@@ -377,7 +340,6 @@ func (b *bufferWriter) stream() error {
 	return err
 }
 
-// release gives the bytes buffered back to the budget.
 func (b *bufferWriter) release() {
 	if b.charged > 0 {
 		b.budget.Release(b.charged)
@@ -385,16 +347,15 @@ func (b *bufferWriter) release() {
 	}
 }
 
-// Flush sends what was written to the leader's client, once the answer goes there;
-// otherwise the answer is sent once buffered.
+// Flush flushes the leader's client once the answer goes there.
 func (b *bufferWriter) Flush() {
 	if b.streaming {
 		_ = http.NewResponseController(b.leader).Flush()
 	}
 }
 
-// writeAnswer writes status and body (its Content-Length set; no body for HEAD), with
-// the Content-Type ct when not nil.
+// writeAnswer writes status and body with its Content-Length (none for HEAD), and the
+// Content-Type ct when not nil.
 func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string, body []byte) {
 	h := w.Header()
 	if ct != nil {
@@ -410,35 +371,27 @@ func writeAnswer(w http.ResponseWriter, r *http.Request, status int, ct []string
 	}
 }
 
-// contentLength is the Content-Length header value for n bytes. The value last used
-// is kept: a client polling a finished scan gets the same answer, of the same length,
-// each time.
-func (rt *route) contentLength(n int) []string {
-	if m := rt.bridged.lastCL.Load(); m != nil && m.n == n {
-		return m.v
-	}
-	m := &lengthMemo{n: n, v: []string{strconv.Itoa(n)}}
-	rt.bridged.lastCL.Store(m)
-	return m.v
-}
-
-// lengthMemo is a body length and its Content-Length header value.
-type lengthMemo struct {
-	n int
-	v []string
-}
-
-// contentType is the Content-Type header value of a bridge answer: Core's own, or JSON.
-// The value last used is kept (net/http never modifies a header value): Core answers
-// results in one type, and answering from the store then allocates no header value.
-func (rt *route) contentType(ct string) []string {
+// contentType is the Content-Type of a bridge answer: Core's own, or JSON.
+func contentType(ct string) []string {
 	if ct == "" {
 		return jsonContentType
 	}
-	if v := rt.bridged.lastCT.Load(); v != nil && (*v)[0] == ct {
-		return *v
+	return []string{ct}
+}
+
+// answerHeader is the Content-Type and Content-Length of the bridge's last answer on a
+// route, kept: a finished scan is polled in a loop for the same answer.
+type answerHeader struct {
+	contentType string
+	n           int
+	ct, length  []string
+}
+
+func (rt *route) answerHeader(ct string, n int) *answerHeader {
+	if h := rt.bridged.lastAnswer.Load(); h != nil && h.contentType == ct && h.n == n {
+		return h
 	}
-	v := []string{ct}
-	rt.bridged.lastCT.Store(&v)
-	return v
+	h := &answerHeader{contentType: ct, n: n, ct: contentType(ct), length: []string{strconv.Itoa(n)}}
+	rt.bridged.lastAnswer.Store(h)
+	return h
 }

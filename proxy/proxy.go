@@ -1,9 +1,5 @@
-// Package proxy is mdproxy's HTTP side: the route table of Core's API, the chi router
-// that names each request's route, the token bucket check, and the streaming reverse
-// proxy to Core with Core-style error bodies.
-//
-// Data flows one way: request -> route name -> limiter decision -> upstream or limit
-// response -> metrics.
+// Package proxy is mdproxy's HTTP side: the route table of Core's API, the token bucket
+// check, and the streaming reverse proxy to Core with Core-style error bodies.
 package proxy
 
 import (
@@ -25,13 +21,10 @@ import (
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
-// statusClientClosedRequest is the code counted (never sent) for a request whose client
-// went away before its answer: nginx's 499.
+// statusClientClosedRequest is counted, never sent, for a client that left: nginx's 499.
 const statusClientClosedRequest = 499
 
-// Limits is what the proxy needs of the limiter: the Limiter of a route (a local
-// limiter.Bucket or a limiter.RedisBucket shared by replicas), nil for an unlimited
-// route.
+// Limits gives the Limiter of a route (nil: unlimited).
 type Limits interface {
 	Limiter(route string) limiter.Limiter
 }
@@ -42,64 +35,48 @@ var _ Limits = (*limiter.Set)(nil)
 type Options struct {
 	// Upstream is Core's base URL, e.g. http://127.0.0.1:8008. Required.
 	Upstream *url.URL
-	// Transport carries requests to Core. nil means NewTransport(TransportOptions{}).
+	// Transport carries requests to Core. nil: NewTransport(TransportOptions{}).
 	Transport http.RoundTripper
-	// Limits gives each route's bucket, read by New; Proxy.SetLimits replaces them.
-	// nil means no limit on any route.
+	// Limits is read by New (SetLimits replaces it); nil: no limit.
 	Limits Limits
 	// Metrics receives every count and timing. Required.
 	Metrics *metrics.Metrics
-	// LimitStatus is the status of a rejected request: 503 (zero value), as Core itself
-	// answers when busy, or 429 (RFC 6585).
+	// LimitStatus is a refused request's status: 503 (zero value), as Core answers when busy,
+	// or 429 (RFC 6585).
 	LimitStatus int
-	// TrustedProxies are the peers whose X-Forwarded-For (or X-Real-IP) is believed
-	// when keying per-client shares, and whose forwarding fields (X-Forwarded-Proto,
-	// -Host, Forwarded...) reach Core as sent (see setForwarded). Empty: the TCP peer
-	// is always the client, and Core is told mdproxy's own view of it.
+	// TrustedProxies are the peers whose X-Forwarded-For (or X-Real-IP) keys per-client
+	// shares and whose forwarding fields reach Core as sent (setForwarded). Empty: the TCP
+	// peer is the client.
 	TrustedProxies []netip.Prefix
-	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 client addresses
-	// are grouped into one key of a per-client share: a host given a /64 takes any
-	// address in it at will. Zero means 64; otherwise 1 to 128 (128: each address its
-	// own key).
+	// ClientIPv6Prefix is the prefix length, in bits, by which IPv6 clients share a key: a
+	// host given a /64 takes any address in it. Zero means 64; else 1 to 128.
 	ClientIPv6Prefix int
-	// ClientIPv4Prefix is the same for IPv4 client addresses, IPv4-mapped IPv6 ones
-	// included. Zero means 32 (each address its own key); otherwise 1 to 32.
+	// ClientIPv4Prefix is the same for IPv4 (mapped ones included). Zero means 32; else 1 to 32.
 	ClientIPv4Prefix int
 	// UpstreamTimeout is only quoted in the 504 body; the Transport enforces it.
 	UpstreamTimeout time.Duration
-	// Bridge, when not nil, takes Core's callback for each POST /file that brings no
-	// callbackurl of its own, and answers GET /file/{data_id} from what it knows
-	// (package bridge). nil: every request is forwarded.
+	// Bridge, when not nil, takes Core's callback for each POST /file without a callbackurl
+	// and answers GET /file/{data_id} from what it knows. nil: everything is forwarded.
 	Bridge Bridge
-	// BodyIdleTimeout bounds how long a client may make no progress sending its
-	// request body or reading its answer; the exchange is then cut and counted
-	// (mdproxy_body_timeouts_total). The proxy's own answers (the limit answer, a
-	// stored result, a refusal) are bounded too, not counted: each write has a write
-	// deadline of the timeout (http.ResponseController). Core's side is bounded by the
-	// Transport (TransportOptions.BodyIdleTimeout). Zero means 60 s; negative turns it
-	// off.
+	// BodyIdleTimeout bounds how long a client may make no progress sending its body or
+	// reading its answer (then cut, counted in mdproxy_body_timeouts_total; the proxy's own
+	// answers not counted). Core's side is the Transport's. Zero means 60 s; negative: off.
 	BodyIdleTimeout time.Duration
-	// PollBufferBytes caps, in bytes, Core's answers to the polls the bridge sends it
-	// that the proxy holds at once: each is read whole, to be shared by the concurrent
-	// polls of its id and stored when final, and held until the last poll sharing it
-	// has written it to its client. A 200 that would pass the cap goes to the poll that
-	// asked as it comes instead, shared with no one and not stored (the others ask Core
-	// themselves), so that large results read by slow clients cannot take the proxy's
-	// memory. Zero means DefaultPollBufferBytes (64 MiB); negative is an error.
+	// PollBufferBytes caps, in bytes, Core's answers to bridged polls held at once, each until
+	// the last poll sharing it has written it; a 200 past the cap goes to the poll that asked,
+	// shared and stored nowhere. Zero means DefaultPollBufferBytes; negative is an error.
 	PollBufferBytes int64
-	// PollBuffers, when not nil, is the budget of PollBufferBytes, shared with what
-	// else holds answers to polls (a bridge.RedisStore's copies of the results it reads);
-	// PollBufferBytes is then not read.
+	// PollBuffers, when not nil, is that budget shared with others (a bridge.RedisStore's
+	// reads); PollBufferBytes is then not read.
 	PollBuffers *bridge.Budget
-	// Logger receives errors worth a line. nil means slog.Default().
+	// Logger: nil means slog.Default().
 	Logger *slog.Logger
 }
 
-// Proxy is the http.Handler that forwards Core's API. It is safe for concurrent use.
+// Proxy is the http.Handler that forwards Core's API. Safe for concurrent use.
 type Proxy struct {
 	router *chi.Mux // the routing tree of routeTable, asked with Find
-	// byPattern is the route of each pattern of routeTable; routeCtx pools the chi
-	// contexts that Find fills.
+	// byPattern: each pattern's route; routeCtx pools the chi contexts Find fills.
 	byPattern map[string]*route
 	routeCtx  sync.Pool
 	other     *route
@@ -108,9 +85,9 @@ type Proxy struct {
 	setLimits sync.Mutex // one SetLimits at a time, so the limit gauges follow the last
 }
 
-// New returns the proxy for opts. It returns an error when a required option is missing,
-// LimitStatus is neither 0, 429 nor 503, a client prefix is out of its range, or
-// PollBufferBytes is negative.
+// New returns the proxy for opts, or an error for a missing Upstream or Metrics, a
+// LimitStatus other than 0, 429 and 503, a client prefix out of range, or a negative
+// PollBufferBytes.
 func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
@@ -189,12 +166,9 @@ func New(opts Options) (*Proxy, error) {
 	return p, nil
 }
 
-// SetLimits gives each route the bucket l has for it (nil l: no limit on any route), as
-// a reload of the limits does, and sets the limit gauges to match. A route whose bucket
-// is the same as before keeps it, its tokens and its waiting requests untouched; a
-// request that already took, or waits for, a token of a replaced bucket finishes on
-// it, and requests that start afterwards use the new one. No request is refused or
-// dropped by the change. Safe for concurrent use with serving and with itself.
+// SetLimits gives each route l's bucket (nil l: none), as a reload does, and sets the limit
+// gauges. An unchanged bucket keeps its tokens and waiters; a request on a replaced bucket
+// finishes on it. Nothing is refused or dropped by the change. Safe for concurrent use.
 func (p *Proxy) SetLimits(l Limits) {
 	if l == nil {
 		l = (*limiter.Set)(nil)
@@ -206,12 +180,9 @@ func (p *Proxy) SetLimits(l Limits) {
 	}
 }
 
-// ServeHTTP routes r by its canonical path and serves it on its route. Before routing,
-// it answers itself, counted under route other: 501 to CONNECT, PRI and a method of
-// Core's API spelt in another case, 400 to a path canonicalPath refuses and to a
-// request with more than one apikey header, each in Core's error format. A request
-// framed by Transfer-Encoding, or in HTTP/1.0, ends its connection after its answer
-// (CloseAfter).
+// ServeHTTP routes r by its canonical path. Before routing it answers itself, under route
+// other: 501 to CONNECT, PRI and an API method in another case, 400 to a path
+// canonicalPath refuses and to more than one apikey header.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if CloseAfter(r) {
 		w.Header()["Connection"] = closeValue
@@ -220,15 +191,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet, http.MethodPost, http.MethodHead:
 	default:
 		if r.Method == http.MethodConnect || r.Method == "PRI" || otherCase(r.Method) {
-			// Core's API has neither of the first two: a CONNECT's authority-form
-			// target has no path to route or forward (it went on as "CONNECT /"), and
-			// "PRI * HTTP/2.0" is the HTTP/2 preface, which mdproxy does not speak in
-			// clear text. Methods are case-sensitive (RFC 9110, section 9.1): "get" is
-			// not GET to mdproxy's routes, and a server that read it as GET would
-			// serve a poll no limit counted.
+			// Neither CONNECT nor the HTTP/2 preface (PRI) is Core's API; methods are
+			// case-sensitive (RFC 9110, section 9.1): "get" would dodge GET's limit.
 			if r.Method == http.MethodConnect {
-				// What follows a CONNECT may be tunnel bytes to a proxy in front,
-				// never a request to read here.
+				// What follows a CONNECT may be tunnel bytes: never read them.
 				w.Header()["Connection"] = closeValue
 			}
 			p.other.refuse(w, r, http.StatusNotImplemented, "Method not implemented: "+r.Method+" is not part of Core's API.")
@@ -242,29 +208,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(r.Header["Apikey"]) > 1 {
-		// The per-client share and the bridge's owner read one apikey; Core might
-		// read another.
+		// Core might read another apikey than the limit and the bridge.
 		p.other.refuse(w, r, http.StatusBadRequest, "Invalid apikey: the header is sent more than once.")
 		return
 	}
 	p.routeOf(r.Method, cp).ServeHTTP(w, r)
 }
 
-// CloseAfter reports whether r's connection must end after its answer (the caller sets
-// Connection: close). A request framed
-// by Transfer-Encoding may have come with a Content-Length too, which net/http drops
-// before the handler can see it: RFC 9112, section 6.1, wants the connection closed
-// after the answer, since a proxy in front may have framed the request by that length
-// (request smuggling); Core's clients send lengths. net/http ignores and removes
-// Transfer-Encoding on an HTTP/1.0 request, which the same section wants treated as
-// faulty framing, so an HTTP/1.0 connection (kept alive only by an extension) ends
-// after each answer too.
+// CloseAfter reports whether r's connection must end after its answer: a request framed by
+// Transfer-Encoding may have had a Content-Length net/http dropped, and an HTTP/1.0
+// Transfer-Encoding is faulty framing (RFC 9112, section 6.1: request smuggling).
 func CloseAfter(r *http.Request) bool {
 	return r.TransferEncoding != nil || !r.ProtoAtLeast(1, 1)
 }
 
-// apiMethods are the methods of Core's API (docs/core-api.md), and those of HTTP that a
-// server might take in another case.
+// apiMethods are the methods of Core's API and of HTTP a server might take in another case.
 var apiMethods = [...]string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
 	http.MethodDelete, http.MethodPatch, http.MethodOptions}
 
@@ -278,10 +236,8 @@ func otherCase(method string) bool {
 	return false
 }
 
-// routeOf returns the route of a request of method for the canonical path cp, found
-// in chi's routing tree (Mux.Find), or the route other. chi's own ServeHTTP would put a
-// route context in a copy of the request, two allocations a request that nothing here
-// reads: the route is all the proxy needs of the router.
+// routeOf returns the route of method and canonical path cp (chi's Mux.Find), else other.
+// chi's ServeHTTP would copy the request into a new context, which nothing here reads.
 func (p *Proxy) routeOf(method, cp string) *route {
 	rctx := p.routeCtx.Get().(*chi.Context)
 	rctx.Reset()

@@ -7,9 +7,8 @@ import (
 	"github.com/mdproxy/mdproxy/limiter"
 )
 
-// recorder remembers the status and body size of an answer, and bounds each of its
-// writes by the body idle timeout (armWrite). It unwraps to the connection's writer, so
-// that http.ResponseController (and so ReverseProxy's flushes) reach it.
+// recorder records an answer's status and size and bounds each write by the body idle
+// timeout (armWrite). Unwrap gives http.ResponseController the connection's writer.
 type recorder struct {
 	http.ResponseWriter
 	status    int
@@ -28,22 +27,14 @@ type recorder struct {
 	start     time.Time     // when the request reached the route: its duration, its Date
 }
 
-// decide records d as the limiter's decision for the request, counted once by finish.
 func (w *recorder) decide(d limiter.Decision) {
 	w.decision, w.decided = d.Outcome.String(), true
 }
 
-// armWrite sets the client connection's write deadline one body idle timeout from
-// now, for the writes that follow: a client that stops reading its answer (its socket
-// buffers full, for a long answer or for many short ones sent back to back) has its
-// connection closed then, instead of holding it, its goroutine and its buffers for
-// ever. net/http's own WriteTimeout counts from the request's arrival and would cut a
-// long answer that progresses; this one counts from the last write. net/http writes
-// an answer's last bytes after the handler returns, within the deadline the last write
-// set, then clears it for the connection's next request. Before it writes the
-// header of an answer the proxy gives without forwarding, net/http reads what is left
-// of a body nobody read (up to 256 KiB, for at most discard): the deadline allows for
-// that wait too. A forwarded body is left to the handler (full duplex, route.forward).
+// armWrite sets the write deadline one idle timeout from now: a client that stops reading
+// is cut instead of holding its connection. net/http's WriteTimeout counts from the request
+// and would cut a long answer that progresses. An answer of the proxy's own allows for
+// net/http's read of an unread body (discard) before it.
 func (w *recorder) armWrite() {
 	if w.idle <= 0 {
 		return
@@ -59,12 +50,11 @@ func (w *recorder) armWrite() {
 	_ = d.SetWriteDeadline(time.Now().Add(bound))
 }
 
-// maxInterim is the most 1xx answers of Core's relayed to a client for one request.
+// maxInterim is the most 1xx answers of Core relayed for one request: net/http caps
+// them only when nothing hooks them, and ReverseProxy does.
 const maxInterim = 16
 
-// ownPiece is the most the proxy writes of an answer of its own (a stored result) in
-// one write, in bytes, its write deadline moved on before each piece: a slow client
-// that keeps reading a long answer is not cut.
+// ownPiece is the most of an answer of the proxy's own written under one deadline, in bytes.
 const ownPiece = 64 << 10
 
 func (w *recorder) WriteHeader(code int) {
@@ -72,24 +62,18 @@ func (w *recorder) WriteHeader(code int) {
 		return // RFC 9110, section 15.2: no 1xx to an HTTP/1.0 client
 	}
 	if code < 200 {
-		// net/http caps Core's 1xx answers only when nobody hooks them, and
-		// ReverseProxy does: the client gets the first maxInterim, not a flood.
 		if w.interim >= maxInterim {
 			return
 		}
 		w.interim++
 	}
 	if code >= 200 && w.ex != nil && w.ex.bodyUnread() {
-		// The answer starts before the client's body is all in (Core answered
-		// early, or the proxy cut the exchange): the connection ends after it, and
-		// the answer says so (RFC 9110, section 10.1.1), as net/http's does when it
-		// does not read the rest first; with the body left to the handler (full
-		// duplex), net/http says so only behind "Expect: 100-continue".
+		// An answer before the body is all in ends the connection, and says so (RFC 9110,
+		// section 10.1.1).
 		w.close = true
 	}
 	if w.close {
-		// ReverseProxy clears the header map after relaying Core's 1xx (100
-		// Continue, 103): the final answer says Connection: close again, a 1xx not.
+		// ReverseProxy clears the header after a 1xx: the final answer says close again.
 		if code >= 200 {
 			w.Header()["Connection"] = closeValue
 		} else {
@@ -106,10 +90,8 @@ func (w *recorder) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
-// noSniff keeps net/http from giving an answer without a Content-Type one guessed from
-// its first bytes (a "text/html" for a sanitized file that starts like HTML): the proxy
-// relays Core's media type, and none when Core gave none (RFC 9110, section 8.3). A nil
-// value is written as nothing.
+// noSniff keeps net/http from guessing a Content-Type Core did not give (RFC 9110,
+// section 8.3): a nil value is written as nothing.
 func noSniff(h http.Header) {
 	if _, ok := h["Content-Type"]; !ok {
 		h["Content-Type"] = nil
@@ -122,12 +104,10 @@ func (w *recorder) Write(p []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	if w.ex != nil {
-		// Core's answer, relayed as it comes: each write may wait on the client.
 		w.armWrite()
 		return w.write(p)
 	}
-	// An answer of the proxy's own, whole in memory: the header's deadline covers its
-	// first piece, and each piece after moves it on.
+	// An answer of the proxy's own: each piece moves the deadline on.
 	if implicit {
 		w.armWrite()
 	}
@@ -143,7 +123,6 @@ func (w *recorder) Write(p []byte) (int, error) {
 	}
 }
 
-// write writes p to the client and counts it.
 func (w *recorder) write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
 	w.bytes += int64(n)
@@ -155,15 +134,12 @@ func (w *recorder) write(p []byte) (int, error) {
 
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// abort ends the request without an answer: net/http recovers http.ErrAbortHandler
-// and closes the connection without writing anything. A handler that merely returned
-// would make net/http send "200 OK" with an empty body, a status that neither Core
-// nor the proxy gave, which a client could take for Core's answer.
+// abort ends the request without an answer (net/http closes the connection on
+// http.ErrAbortHandler): returning would send a 200 neither Core nor the proxy gave.
 func abort(rec *recorder) {
 	rec.status = statusClientClosedRequest
 	rec.aborted = true
 	panic(http.ErrAbortHandler)
 }
 
-// closeValue is the Connection field value that ends a connection after the answer.
 var closeValue = []string{"close"}

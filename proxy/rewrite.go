@@ -6,34 +6,23 @@ import (
 	"strings"
 )
 
-// rewrite returns the route's Rewrite of the requests it forwards to Core (Rewrite, not
-// Director: hop-by-hop headers named in Connection are removed after the rewrite, not
-// before it, golang/go#53002): Core's URL with the client's path spelling and
-// encoding, the forwarding fields (setForwarded), no protocol upgrade, no Expect from
-// an HTTP/1.0 client, no field that overrides the path or method, and for the answers
-// the bridge reads, a question for Core's whole answer (askWholeAnswer) and a
-// submission's callback URL (bridgeSubmission).
+// rewrite returns the route's Rewrite (not Director: golang/go#53002): Core's URL with the
+// client's path spelling, the forwarding fields, no upgrade, no field that overrides path or
+// method, and for answers the bridge reads, askWholeAnswer and the callback URL.
 func (rt *route) rewrite(opts Options) func(*httputil.ProxyRequest) {
 	upstream, trusted := opts.Upstream, opts.TrustedProxies
 	return func(pr *httputil.ProxyRequest) {
 		pr.SetURL(upstream) // keeps the client's path spelling and encoding
-		// A trusted load balancer's view of the client is kept; an untrusted peer's
-		// claims are dropped, so Core sees no forged address or scheme.
 		setForwarded(pr, trusted)
-		// Core's API has no protocol upgrade: a tunnel would carry requests past the
-		// limiter and the metrics. The request goes on as a plain one, and a 101 from
-		// Core fails as a protocol the client did not ask for (502).
+		// No protocol upgrade in Core's API: a tunnel would bypass the limit (a 101 then fails).
 		if pr.Out.Header["Upgrade"] != nil {
 			delete(pr.Out.Header, "Upgrade")
 			delete(pr.Out.Header, "Connection")
 		}
-		// An HTTP/1.0 client cannot take 100 Continue (RFC 9110, section 15.2): Core
-		// must not wait to send one before reading the body.
+		// An HTTP/1.0 client cannot take 100 Continue (RFC 9110, section 15.2).
 		if !pr.In.ProtoAtLeast(1, 1) {
 			delete(pr.Out.Header, "Expect")
 		}
-		// The route and the limit were decided on the request line: header fields
-		// with which some servers take another path or method do not reach Core.
 		for _, k := range overrideFields {
 			delete(pr.Out.Header, k)
 		}
@@ -50,19 +39,12 @@ func (rt *route) rewrite(opts Options) func(*httputil.ProxyRequest) {
 	}
 }
 
-// overrideFields are the request header fields (canonical keys) with which some servers
-// and frameworks replace a request's path (IIS's URL Rewrite) or method (method
-// override), which mdproxy does not forward.
+// overrideFields replace a request's path (IIS's URL Rewrite) or method on some servers.
 var overrideFields = [...]string{"X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
-// forwardedFields are the request header fields (canonical keys), other than
-// X-Forwarded-For, -Host and -Proto, in which a proxy tells the server behind it what
-// it saw of the client: its address (X-Real-IP), the port, path prefix, URI and method
-// it asked for, the proxy's name, its TLS and client certificate, and the standard
-// Forwarded field (RFC 7239) that says all of it at once. The list is Traefik's
-// (its forwardedheaders middleware) with X-Forwarded-Prefix, X-Forwarded-Ssl and
-// Forwarded. A trusted peer's are passed to Core as sent; an untrusted peer's are not
-// passed at all, since it could claim anything in them.
+// forwardedFields are the forwarding fields beside X-Forwarded-For, -Host and -Proto
+// (Traefik's forwardedheaders list, with X-Forwarded-Prefix, -Ssl and Forwarded, RFC 7239):
+// passed as sent from a trusted peer, dropped from any other.
 var forwardedFields = [...]string{
 	"Forwarded",
 	"X-Forwarded-Port",
@@ -76,21 +58,14 @@ var forwardedFields = [...]string{
 	"X-Real-Ip",
 }
 
-// setForwarded sets the forwarding fields of pr.Out, the request to Core, from
-// pr.In, the client's: when the peer is in trusted (a load balancer in front), its
-// X-Forwarded-For chain is kept and extended with the peer, its X-Forwarded-Proto and
-// X-Forwarded-Host are kept as sent (those it did not send are set from mdproxy's own
-// view, as for an untrusted peer), and its forwardedFields are kept as sent. When the
-// peer is not trusted, X-Forwarded-For is the peer alone, X-Forwarded-Proto the
-// scheme the client used with mdproxy (http, or https with MDPROXY_TLS_CERT_FILE),
-// X-Forwarded-Host the Host it sent (none without a Host, as an HTTP/1.0 request may
-// come), and none of its forwardedFields reach Core. httputil.ReverseProxy has removed
-// Forwarded, X-Forwarded-For, -Host and -Proto from pr.Out before Rewrite.
+// setForwarded sets the forwarding fields of the request to Core: from a trusted peer its
+// X-Forwarded-For extended, its -Proto, -Host and forwardedFields kept; from any other the
+// peer alone, mdproxy's own scheme and the Host sent (none without one), none of its
+// forwardedFields.
 func setForwarded(pr *httputil.ProxyRequest, trusted []netip.Prefix) {
 	in, out := pr.In.Header, pr.Out.Header
 	fromTrusted := isTrusted(parseAddr(pr.In.RemoteAddr), trusted)
-	// kept returns the trusted peer's field k, unless it named k in Connection: then
-	// it was meant for mdproxy alone (RFC 9110, section 7.6.1).
+	// kept is the trusted peer's field k, unless named in Connection (RFC 9110, 7.6.1).
 	kept := func(k string) []string {
 		for _, v := range in["Connection"] {
 			for _, name := range strings.Split(v, ",") {
