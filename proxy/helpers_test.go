@@ -32,6 +32,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
@@ -624,47 +625,17 @@ func setOf(vs ...string) map[string]bool {
 	return m
 }
 
-// metricValue returns the value of the counter or gauge name (e.g.
-// "mdproxy_requests_total") whose labels include every pair of labels, summed over the
-// series that match; 0 when none does. It reads reg.Gather and fails t on its error.
-//
-// A test that holds a collector and reads one whole series of it uses
-// testutil.ToFloat64 instead; metricValue serves what testutil cannot express: a read
-// by a subset of the labels (e.g. requests_total of a route and code, whatever the
-// method) from the registry the proxy was built on, and a read of a series that must
-// not be created by reading it (WithLabelValues would).
+// metricValue returns the sum of the counter or gauge series name (e.g.
+// "mdproxy_requests_total") whose labels include every pair of labels; 0 when none
+// does. It reads reg through sidecartest's metric reader, which does not create a
+// series by reading it (WithLabelValues would).
 func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("Gather() = %v, want no error", err)
+	pairs := make([]string, 0, 2*len(labels))
+	for k, v := range labels {
+		pairs = append(pairs, k, v)
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			case m.GetUntyped() != nil:
-				sum += m.GetUntyped().GetValue()
-			}
-		}
-	}
+	sum, _ := sidecartest.Gather(t, reg).Sum(name, pairs...)
 	return sum
 }
 
