@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/mdproxy/mdproxy/internal/child"
-	"github.com/mdproxy/mdproxy/internal/envconf"
 	"github.com/mdproxy/mdproxy/proxy"
 	"github.com/mdproxy/mdproxy/sidecar"
 )
@@ -166,17 +165,20 @@ func TestHelmChartRefuses(t *testing.T) {
 	}
 }
 
-// knownVariable reports whether mdproxy reads the variable name: one of Config's, or a
-// route's limit variable (MDPROXY_<ROUTE>_<SETTING>), which mdproxy's LoadConfig then
-// names when its value does not parse.
+// knownVariable reports whether mdproxy reads the variable name: one of sidecar.Settings,
+// or a route's limit variable, MDPROXY_<ROUTE>_<SETTING> with a SETTING of
+// sidecar.LimitSettings.
 func knownVariable(name string) bool {
-	if slices.Contains(envconf.Names[sidecar.Config](sidecar.EnvPrefix), name) {
-		return true
+	for _, s := range sidecar.Settings() {
+		if s.Name == name {
+			return true
+		}
 	}
 	for _, route := range proxy.RouteNames() {
-		if strings.HasPrefix(name, sidecar.EnvPrefix+strings.ToUpper(route)+"_") {
-			_, err := sidecar.LoadConfig(map[string]string{name: "not-a-value"})
-			return err != nil && strings.Contains(err.Error(), name)
+		for _, setting := range sidecar.LimitSettings() {
+			if name == sidecar.EnvPrefix+strings.ToUpper(route)+"_"+setting {
+				return true
+			}
 		}
 	}
 	return false
