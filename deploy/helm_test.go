@@ -34,23 +34,11 @@ var renderer struct {
 func helmTool(t *testing.T) string {
 	t.Helper()
 	renderer.once.Do(func() {
-		goBin, err := child.GoCommand()
-		if err != nil {
-			renderer.err = err
+		if renderer.dir, renderer.err = os.MkdirTemp("", "helmtool-"); renderer.err != nil {
 			return
 		}
-		if renderer.dir, err = os.MkdirTemp("", "helmtool-"); err != nil {
-			renderer.err = err
-			return
-		}
-		// tools/helm is a module of its own: built from its directory, never from
-		// mdproxy's module (child.Build builds a package of the caller's module).
-		renderer.path = filepath.Join(renderer.dir, "helm")
-		cmd := exec.CommandContext(context.Background(), goBin, "build", "-o", renderer.path, ".")
-		cmd.Dir = filepath.Join("..", "tools", "helm")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			renderer.err = fmt.Errorf("go build in tools/helm: %w: %s", err, bytes.TrimSpace(out))
-		}
+		// tools/helm is a module of its own, built from its directory.
+		renderer.path, renderer.err = child.Build(context.Background(), renderer.dir, filepath.Join("..", "tools", "helm"))
 	})
 	if renderer.err != nil {
 		if os.Getenv("CI") != "" {

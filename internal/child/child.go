@@ -37,22 +37,31 @@ func GoCommand() (string, error) {
 	return goBin, nil
 }
 
-// Build builds the main package pkg (an import path such as
-// github.com/mdproxy/mdproxy/cmd/mdproxy; the working directory must be inside the
-// module) into dir with the extra build flags (e.g. -ldflags) and returns the binary's
-// path, named after pkg's last element. When ctx ends the build is interrupted, and
-// killed 10 s later. The error carries the go command's output.
+// Build builds the main package pkg into dir with the extra build flags (e.g. -ldflags)
+// and returns the binary's path, named after pkg's last element. pkg is an import path
+// such as github.com/mdproxy/mdproxy/cmd/mdproxy (the working directory must be inside
+// the module), or a directory path starting with "." or "/": the main package of a
+// module of its own (tools/helm), built from that directory. When ctx ends the build is
+// interrupted, and killed 10 s later. The error carries the go command's output.
 func Build(ctx context.Context, dir, pkg string, flags ...string) (string, error) {
 	goBin, err := GoCommand()
 	if err != nil {
 		return "", fmt.Errorf("building %s: %w", pkg, err)
 	}
-	out := filepath.Join(dir, filepath.Base(pkg))
+	out, err := filepath.Abs(filepath.Join(dir, filepath.Base(pkg)))
+	if err != nil {
+		return "", fmt.Errorf("building %s: %w", pkg, err)
+	}
 	if runtime.GOOS == "windows" {
 		out += ".exe"
 	}
-	args := append(append([]string{"build", "-o", out}, flags...), pkg)
+	target, moduleDir := pkg, ""
+	if strings.HasPrefix(pkg, ".") || filepath.IsAbs(pkg) {
+		target, moduleDir = ".", pkg
+	}
+	args := append(append([]string{"build", "-o", out}, flags...), target)
 	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = moduleDir
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 10 * time.Second
 	if b, err := cmd.CombinedOutput(); err != nil {
