@@ -397,18 +397,27 @@ func (a *api) version(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"product_id": "MDCORE", "version": "5.13.0"})
 }
 
-// readyz is Core 5.x's readiness: 200 while the scan queue is at most ReadyQueue.
+// readyz is Core 5.x's readiness: 200 while the scan queue holds at most ReadyOccupancy
+// of QueueSize.
 func (a *api) readyz(w http.ResponseWriter, _ *http.Request) {
-	if n := a.s.model.QueueLen(); n > a.s.cfg.ReadyQueue {
+	if n := a.s.model.QueueLen(); float64(n) > a.s.cfg.ReadyOccupancy*float64(a.s.cfg.QueueSize) {
 		writeErr(w, http.StatusServiceUnavailable, "Scan queue is over its threshold.")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-func (a *api) statNodes(w http.ResponseWriter, _ *http.Request) {
+// statNodes answers GET /stat/nodes: the node's scan_queue and load as OPSWAT's
+// description gives them, and scan_queue_details as newer Core adds it (docs/core-api.md):
+// total_scan_queue the files in the queue, available_slots the files it takes before
+// POST /file answers 503. The call costs a poll's base core time, as any GET does.
+func (a *api) statNodes(w http.ResponseWriter, r *http.Request) {
 	s := a.s
+	if !s.wait(r.Context(), workPoll, s.cfg.PollCostBase) {
+		return
+	}
 	_, busy, _ := s.model.Load()
+	queued := s.model.QueueLen()
 	writeJSON(w, http.StatusOK, []map[string]any{{
 		"external_nodes_allowed": false,
 		"max_node_count":         1,
@@ -416,7 +425,8 @@ func (a *api) statNodes(w http.ResponseWriter, _ *http.Request) {
 			"id": "coresim", "address": "127.0.0.1", "cpu_cores": s.cfg.Cores,
 			"engines": s.engineList(), "free_disk_space": 1 << 40, "issues": []any{},
 			"load": int(100 * busy / float64(s.cfg.Cores)), "os": "coresim",
-			"scan_queue": s.model.QueueLen(), "total_memory": 24 << 30, "version": "5.13.0",
+			"scan_queue": queued, "total_memory": 24 << 30, "version": "5.13.0",
+			"scan_queue_details": map[string]int{"total_scan_queue": queued, "available_slots": max(s.cfg.QueueSize-queued, 0)},
 		}},
 	}})
 }

@@ -396,9 +396,9 @@ func TestAPIAuth(t *testing.T) {
 	}
 }
 
-// TestAPIReadyz checks /readyz is 200 up to ReadyQueue queued files and 503 above.
+// TestAPIReadyz checks /readyz is 200 up to ReadyOccupancy of the queue and 503 above.
 func TestAPIReadyz(t *testing.T) {
-	h := newAPIHarness(t, func(c *Config) { c.ReadyQueue, c.Cores = 2, 8 })
+	h := newAPIHarness(t, func(c *Config) { c.QueueSize, c.ReadyOccupancy, c.Cores = 4, 0.5, 8 })
 	want := func(when string, status int) {
 		t.Helper()
 		if resp := h.get(t, "/readyz"); resp.status != status {
@@ -421,6 +421,7 @@ func TestAPIReadyz(t *testing.T) {
 func TestAPIVersionAndStats(t *testing.T) {
 	h := newAPIHarness(t, func(c *Config) {
 		c.Cores = 1
+		c.QueueSize = 10
 		c.Engines = []string{"Alpha", "Vir.IT Explorer"}
 	})
 	var ver map[string]string
@@ -438,7 +439,11 @@ func TestAPIVersionAndStats(t *testing.T) {
 			CPUCores  int `json:"cpu_cores"`
 			ScanQueue int `json:"scan_queue"`
 			Load      int `json:"load"`
-			Engines   []struct {
+			Details   struct {
+				Total     int `json:"total_scan_queue"`
+				Available int `json:"available_slots"`
+			} `json:"scan_queue_details"`
+			Engines []struct {
 				EngName string `json:"eng_name"`
 			} `json:"engines"`
 		} `json:"statuses"`
@@ -450,6 +455,17 @@ func TestAPIVersionAndStats(t *testing.T) {
 	}
 	if st := nodes[0].Statuses[0]; st.CPUCores != 1 || st.ScanQueue != 2 || st.Load != 100 || len(st.Engines) != 4 {
 		t.Errorf("GET /stat/nodes node = cores %d, queue %d, load %d, %d engines; want 1, 2, 100, 4", st.CPUCores, st.ScanQueue, st.Load, len(st.Engines))
+	}
+	if d := nodes[0].Statuses[0].Details; d.Total != 2 || d.Available != 8 {
+		t.Errorf("GET /stat/nodes scan_queue_details = %+v, want total_scan_queue 2, available_slots 8 (a queue of 10)", d)
+	}
+	for i := 0; i < 1000 && h.sim.model.QueueLen() > 0; i++ {
+		h.sim.advance(time.Second) // the queue drains
+	}
+	resp = h.get(t, "/stat/nodes")
+	resp.decode(t, &nodes)
+	if st := nodes[0].Statuses[0]; st.ScanQueue != 0 || st.Details.Total != 0 || st.Details.Available != 10 {
+		t.Errorf("GET /stat/nodes once drained = queue %d, details %+v, want 0, total 0, available 10", st.ScanQueue, st.Details)
 	}
 	var engines []map[string]any
 	resp = h.get(t, "/stat/engines")

@@ -29,9 +29,10 @@ type Config struct {
 	// QueueSize is the maximum scan queue, in files: beyond it POST /file answers 503
 	// "Server is too busy. Try again later.". Default 4000, as in the benchmark.
 	QueueSize int `env:"QUEUE_SIZE" envDefault:"4000"`
-	// ReadyQueue: GET /readyz answers 503 while more files than this wait in the queue.
-	// Default 3600 (90% of the default queue).
-	ReadyQueue int `env:"READY_QUEUE" envDefault:"3600"`
+	// ReadyOccupancy: GET /readyz answers 503 while the scan queue holds more than this
+	// share of QueueSize (0 to 1), as Core's health check does past its configured queue
+	// occupancy. Default 0.9.
+	ReadyOccupancy float64 `env:"READY_OCCUPANCY" envDefault:"0.9"`
 	// Engines are the AV engines that scan every object. Default: the benchmark's seven.
 	Engines []string `env:"ENGINES" envSeparator:"," envDefault:"AhnLab,Avira,Bitdefender,ESET,K7,Quick Heal,Vir.IT Explorer"`
 
@@ -131,8 +132,8 @@ func (c *Config) validate(environ map[string]string) error {
 		return bad("REQUEST_LATENCY", "want a duration >= 0")
 	case c.QueueSize < 1:
 		return bad("QUEUE_SIZE", "want a whole number of files >= 1")
-	case c.ReadyQueue < 0:
-		return bad("READY_QUEUE", "want a whole number of files >= 0")
+	case !(c.ReadyOccupancy >= 0 && c.ReadyOccupancy <= 1):
+		return bad("READY_OCCUPANCY", "want a share of the scan queue from 0 to 1")
 	case len(c.Engines) == 0:
 		return bad("ENGINES", "want a comma-separated list of engine names")
 	case c.ScanCostObject < 0:

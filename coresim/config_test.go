@@ -18,7 +18,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	want := Config{
 		ListenAddr: "127.0.0.1:8008", AdminAddr: "127.0.0.1:9008",
-		Cores: 8, Speedup: 1, Tick: 5 * time.Millisecond, QueueSize: 4000, ReadyQueue: 3600,
+		Cores: 8, Speedup: 1, Tick: 5 * time.Millisecond, QueueSize: 4000, ReadyOccupancy: 0.9,
 		Engines:        []string{"AhnLab", "Avira", "Bitdefender", "ESET", "K7", "Quick Heal", "Vir.IT Explorer"},
 		ScanCostObject: 83 * time.Millisecond, ScanCostMiB: 600 * time.Millisecond,
 		PollCostBase: 60 * time.Millisecond, PollCostEntry: 15 * time.Microsecond,
@@ -49,7 +49,7 @@ func TestLoadConfigValues(t *testing.T) {
 		{map[string]string{"CORESIM_ADMIN_ADDR": ""}, func(c Config) bool { return c.AdminAddr == "" }, `AdminAddr "" (no admin listener)`},
 		{map[string]string{"CORESIM_SCAN_COST_MIB": "0s"}, func(c Config) bool { return c.ScanCostMiB == 0 && c.ScanCostObject == 83*time.Millisecond }, "ScanCostMiB 0"},
 		{map[string]string{"CORESIM_CALLBACK_RETRIES": "0", "CORESIM_CALLBACK_DELAY": "0s"}, func(c Config) bool { return c.CallbackRetries == 0 && c.CallbackDelay == 0 }, "no retries, no delay"},
-		{map[string]string{"CORESIM_QUEUE_SIZE": "1", "CORESIM_READY_QUEUE": "0"}, func(c Config) bool { return c.QueueSize == 1 && c.ReadyQueue == 0 }, "QueueSize 1, ReadyQueue 0"},
+		{map[string]string{"CORESIM_QUEUE_SIZE": "1", "CORESIM_READY_OCCUPANCY": "0"}, func(c Config) bool { return c.QueueSize == 1 && c.ReadyOccupancy == 0 }, "QueueSize 1, ReadyOccupancy 0"},
 		{map[string]string{"CORESIM_RETENTION": "90m", "CORESIM_TICK": "250us"}, func(c Config) bool { return c.Retention == 90*time.Minute && c.Tick == 250*time.Microsecond }, "Retention 90m, Tick 250µs"},
 		{map[string]string{"CORESIM_APIKEY": "k", "CORESIM_TEMP_DIR": "/tmp/x"}, func(c Config) bool { return c.APIKey == "k" && c.TempDir == "/tmp/x" }, "APIKey k, TempDir /tmp/x"},
 	} {
@@ -69,7 +69,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		"SPEEDUP":           {"0", "-1", "x", "NaN", "2e6"},
 		"TICK":              {"0s", "-1ms", "5", "x"},
 		"QUEUE_SIZE":        {"0", "-5", "x"},
-		"READY_QUEUE":       {"-1", "x"},
+		"READY_OCCUPANCY":   {"-0.1", "1.5", "x", "NaN"},
 		"ENGINES":           {",", " , ", "A,,B"},
 		"SCAN_COST_OBJECT":  {"-1ms", "90"},
 		"SCAN_COST_MIB":     {"-1ms", "600"},

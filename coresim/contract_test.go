@@ -623,7 +623,7 @@ func TestContractFetchLimit(t *testing.T) {
 
 // TestContractReadyz checks Core 5.x's readiness answers (not in the spec).
 func TestContractReadyz(t *testing.T) {
-	h := newAPIHarness(t, func(c *Config) { c.ReadyQueue = 0 })
+	h := newAPIHarness(t, func(c *Config) { c.ReadyOccupancy = 0 })
 	if resp := h.get(t, "/readyz"); resp.status != 200 {
 		t.Errorf("GET /readyz (empty queue) = %d %s, want 200", resp.status, resp.body)
 	}
