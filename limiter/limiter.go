@@ -101,6 +101,11 @@ type Limit struct {
 	// through without waiting. The bucket's state follows the decisions a real limit
 	// would take: a would-be rejection takes no token, a would-be wait takes its turn.
 	DryRun bool
+	// Exempt lists the clients the route's limit never refuses, as the caller writes
+	// them (mdproxy: client address prefixes and apikey digests, proxy.ParseExempt).
+	// The limiter does not read it: the caller lets such a request through without
+	// asking the bucket (outcome Exempt). "" exempts no one.
+	Exempt string
 }
 
 // filled returns l with the Burst that 0 stands for filled in: ceil(Rate), at least 1,
@@ -195,14 +200,18 @@ const (
 	// request (for the route's bucket or the client's share); it goes on. No token was
 	// consumed.
 	WouldReject
+	// Exempt: the request is exempt from the route's limit (Limit.Exempt) and goes on
+	// without asking the bucket. No Limiter decides it: the caller that reads
+	// Limit.Exempt does. No token was consumed.
+	Exempt
 )
 
-// Outcomes is the number of Outcome values: Allowed to WouldReject are 0 to
-// Outcomes-1, for arrays indexed by outcome.
-const Outcomes = int(WouldReject) + 1
+// Outcomes is the number of Outcome values: Allowed to Exempt are 0 to Outcomes-1, for
+// arrays indexed by outcome.
+const Outcomes = int(Exempt) + 1
 
 // String returns the outcome's metric label: allowed, delayed, rejected,
-// rejected_client, canceled or would_reject.
+// rejected_client, canceled, would_reject or exempt.
 func (o Outcome) String() string {
 	switch o {
 	case Allowed:
@@ -217,6 +226,8 @@ func (o Outcome) String() string {
 		return "canceled"
 	case WouldReject:
 		return "would_reject"
+	case Exempt:
+		return "exempt"
 	}
 	return "unknown"
 }
@@ -235,7 +246,7 @@ type Decision struct {
 
 // Pass reports whether the request may go on to the upstream.
 func (d Decision) Pass() bool {
-	return d.Outcome == Allowed || d.Outcome == Delayed || d.Outcome == WouldReject
+	return d.Outcome == Allowed || d.Outcome == Delayed || d.Outcome == WouldReject || d.Outcome == Exempt
 }
 
 // RetryAfterSeconds returns RetryAfter as the value of a Retry-After header: whole

@@ -187,6 +187,7 @@ func TestDecisionPass(t *testing.T) {
 		{limiter.RejectedClient, false},
 		{limiter.Canceled, false},
 		{limiter.WouldReject, true}, // a dry run lets it go on
+		{limiter.Exempt, true},
 	}
 	for _, tt := range tests {
 		if got := (limiter.Decision{Outcome: tt.o}).Pass(); got != tt.want {
@@ -791,6 +792,7 @@ func TestOutcomeString(t *testing.T) {
 		{limiter.RejectedClient, "rejected_client"},
 		{limiter.Canceled, "canceled"},
 		{limiter.WouldReject, "would_reject"},
+		{limiter.Exempt, "exempt"},
 		{limiter.Outcome(-1), "unknown"},
 		{limiter.Outcome(99), "unknown"},
 	}
@@ -804,8 +806,8 @@ func TestOutcomeString(t *testing.T) {
 // TestOutcomes checks that Outcomes counts every Outcome: each of 0 to Outcomes-1 has a
 // label of its own, and Outcomes itself is none.
 func TestOutcomes(t *testing.T) {
-	if limiter.Outcomes != 6 {
-		t.Errorf("Outcomes = %d, want 6 (allowed to would_reject)", limiter.Outcomes)
+	if limiter.Outcomes != 7 {
+		t.Errorf("Outcomes = %d, want 7 (allowed to exempt)", limiter.Outcomes)
 	}
 	seen := map[string]bool{}
 	for o := range limiter.Outcomes {

@@ -65,7 +65,7 @@ type Metrics struct {
 	// when the client went away first).
 	Requests *prometheus.CounterVec
 	// Decisions counts limiter outcomes by route and decision (allowed, delayed,
-	// rejected, rejected_client, canceled, would_reject). Unlimited routes count as allowed.
+	// rejected, rejected_client, canceled, would_reject, exempt). Unlimited routes count as allowed.
 	Decisions *prometheus.CounterVec
 	// Duration observes the whole time of a request in the proxy, limiter wait
 	// included, by route, in seconds.
@@ -120,7 +120,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "method", "code"}),
 		Decisions: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "limiter_decisions_total",
-			Help: "Token bucket decisions by route and decision (allowed, delayed, rejected, rejected_client, canceled, would_reject: a dry run's would-be rejection, forwarded).",
+			Help: "Token bucket decisions by route and decision (allowed, delayed, rejected, rejected_client, canceled, would_reject: a dry run's would-be rejection, forwarded; exempt: a client the route's MDPROXY_<ROUTE>_EXEMPT lets through without a token).",
 		}, []string{"route", "decision"}),
 		Duration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "request_duration_seconds",

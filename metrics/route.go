@@ -12,7 +12,7 @@ import (
 // Decisions are the values of the decision label of Metrics.Decisions: the limiter's
 // outcomes (limiter.Outcome's String, in its order) and, for polls the bridge answered
 // without asking the limiter, none.
-var Decisions = []string{"allowed", "delayed", "rejected", "rejected_client", "canceled", "would_reject"}
+var Decisions = []string{"allowed", "delayed", "rejected", "rejected_client", "canceled", "would_reject", "exempt"}
 
 // Kinds are the values of the kind label of Metrics.UpstreamErrors.
 var Kinds = []string{KindRefused, KindReset, KindTimeout, KindCanceled, KindOther}
@@ -30,7 +30,7 @@ const (
 // atomic load. Safe for concurrent use.
 type Route struct {
 	requests, upstreamCodes     *codeCounters
-	decisions                   [6]*lazy[prometheus.Counter]         // by index in Decisions
+	decisions                   [7]*lazy[prometheus.Counter]         // by index in Decisions
 	upstreamErrors              [5]*lazy[prometheus.Counter]         // by index in Kinds
 	bodyTimeouts                map[string]*lazy[prometheus.Counter] // by peer
 	duration, upstreamDuration  *lazy[prometheus.Observer]

@@ -53,20 +53,27 @@ func newRoute(name string, opts Options, rp *httputil.ReverseProxy) *route {
 	return rt
 }
 
-// routeLimiter is a route's Limiter (nil: unlimited) and whether its limit has a per-client
-// share, read once per Limiter rather than on every request.
+// routeLimiter is a route's Limiter (nil: unlimited), whether its limit has a per-client
+// share and its exemptions, read once per Limiter rather than on every request.
 type routeLimiter struct {
 	l         limiter.Limiter
 	perClient bool
+	exempt    Exemptions
 }
 
-// setLimiter makes l the Limiter of requests from now on and sets the limit gauges.
+// setLimiter makes l the Limiter of requests from now on and sets the limit gauges. An
+// Exempt that does not parse (ParseExempt; sidecar refuses one at start and at a reload)
+// exempts no one: the limit protects Core.
 func (rt *route) setLimiter(l limiter.Limiter) {
 	var lim limiter.Limit
 	if l != nil {
 		lim = l.Limit()
 	}
-	rt.limiter.Store(&routeLimiter{l: l, perClient: lim.ClientLimit > 0})
+	exempt, err := ParseExempt(lim.Exempt)
+	if err != nil {
+		rt.log.Error("route exemptions not read: no client is exempt", "err", err.Error())
+	}
+	rt.limiter.Store(&routeLimiter{l: l, perClient: lim.ClientLimit > 0, exempt: exempt})
 	rt.metrics.SetLimit(l != nil, lim.Rate, lim.Burst, lim.MaxWait)
 }
 
@@ -186,6 +193,9 @@ func (rt *route) acquire(ctx context.Context, r *http.Request) limiter.Decision 
 	held := rt.limiter.Load()
 	if held.l == nil {
 		return limiter.Decision{Outcome: limiter.Allowed}
+	}
+	if !held.exempt.Empty() && held.exempt.allows(r, rt.clientKeys.trusted) {
+		return limiter.Decision{Outcome: limiter.Exempt}
 	}
 	var client string
 	if held.perClient {

@@ -47,6 +47,9 @@ type routeLimit struct {
 	ClientWindow string `json:"client_window"`
 	// DryRun: the route's limit decides and counts would_reject but refuses nothing.
 	DryRun bool `json:"dry_run"`
+	// Exempt is MDPROXY_<ROUTE>_EXEMPT as in force: address prefixes and apikey
+	// digests, never a key; "" when no client is exempt.
+	Exempt string `json:"exempt"`
 }
 
 // settingsOf returns the effective settings of c, each route's limit as limits gives
@@ -99,7 +102,7 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 			window = time.Second
 		}
 		s.Routes[name] = routeLimit{Rate: l.Rate, Burst: l.Burst, MaxWait: l.MaxWait.String(),
-			ClientLimit: l.ClientLimit, ClientWindow: window.String(), DryRun: l.DryRun}
+			ClientLimit: l.ClientLimit, ClientWindow: window.String(), DryRun: l.DryRun, Exempt: l.Exempt}
 	}
 	return s
 }

@@ -291,3 +291,30 @@ func TestParseLimitsBuildsSet(t *testing.T) {
 		t.Errorf("Limiter(file_submit) = %v, want nil (unlimited)", l)
 	}
 }
+
+// TestExemptSetting: MDPROXY_<ROUTE>_EXEMPT is read into the route's limit, and a value
+// that is neither prefixes nor apikey digests stops start-up naming the variable,
+// without quoting the value (a raw apikey written by mistake stays out of the log).
+func TestExemptSetting(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("0f", 32)
+	cfg, err := LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:8008",
+		"MDPROXY_FILE_RESULT_EXEMPT": "10.0.0.0/8, " + digest})
+	if err != nil {
+		t.Fatalf("LoadConfig(a good MDPROXY_FILE_RESULT_EXEMPT) = %v", err)
+	}
+	if got := cfg.Limits["file_result"].Exempt; got != "10.0.0.0/8, "+digest {
+		t.Errorf("file_result's Exempt = %q, want the variable's value", got)
+	}
+	for _, bad := range []string{"my-raw-apikey", "10.0.0.0/8,my-raw-apikey", "sha256:00", "10.0.0.300/8"} {
+		_, err := LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:8008",
+			"MDPROXY_HASH_LOOKUP_EXEMPT": bad})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "MDPROXY_HASH_LOOKUP_EXEMPT") {
+			t.Errorf("LoadConfig(MDPROXY_HASH_LOOKUP_EXEMPT=%q) = %v, want a *ConfigError naming the variable", bad, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "my-raw-apikey") {
+			t.Errorf("LoadConfig(MDPROXY_HASH_LOOKUP_EXEMPT=%q) = %v: quotes the value", bad, err)
+		}
+	}
+}

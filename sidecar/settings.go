@@ -172,6 +172,7 @@ var limitDocs = []settingDoc{
 	{key: "CLIENT_LIMIT", unit: "requests per window", meaning: "Each client's share of the route, inside the route's bucket, a client being its `apikey`, else its address grouped by `MDPROXY_CLIENT_IPV6_PREFIX` or `_IPV4_PREFIX`: a token bucket of `CLIENT_LIMIT` requests refilled at `CLIENT_LIMIT` per `CLIENT_WINDOW` (at most 2×`CLIENT_LIMIT`−1 within any window); `0` is off."},
 	{key: "CLIENT_WINDOW", unit: "duration", meaning: "The window of `CLIENT_LIMIT`; `0` is `1s`."},
 	{key: "DRY_RUN", unit: "true or false", meaning: "Decide as the limit would, count what it would refuse as `would_reject`, and forward every request."},
+	{key: "EXEMPT", unit: "list", meaning: "Clients the route's limit never refuses, comma-separated: address prefixes (`10.0.0.0/8`, `2001:db8::/32`, or an address), matched against the client address as the per-client share reads it (`MDPROXY_TRUSTED_PROXIES`), and apikeys given as `sha256:` and the hex SHA-256 of the key (`printf %s KEY | sha256sum`), never the key. Their requests take no token and count as decision `exempt`."},
 }
 
 // Settings returns every variable mdproxy reads, grouped as SettingGroups, each group
@@ -208,9 +209,13 @@ func Settings() []Setting {
 		panic("sidecar: Config reads " + EnvPrefix + key + ", which settingDocs does not describe")
 	}
 	for _, d := range limitDocs {
+		def := "the route's (each route's default limit); else 0"
+		if d.key == "EXEMPT" {
+			def = "none"
+		}
 		byGroup["Route limits"] = append(byGroup["Route limits"], Setting{
 			Name: limitVarName("<ROUTE>", d.key), Group: "Route limits", Unit: d.unit,
-			DefaultText: "the route's (each route's default limit); else 0", Reload: true,
+			DefaultText: def, Reload: true,
 			Accepts: strings.TrimPrefix(limitWants[d.key], "want "), Meaning: d.meaning})
 	}
 	var all []Setting
@@ -235,7 +240,7 @@ type RouteLimitDefault struct {
 }
 
 // LimitSettings are the settings of a route's limit, the suffixes of its variables
-// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN), in order.
+// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN, EXEMPT), in order.
 func LimitSettings() []string { return append([]string(nil), limitSettings...) }
 
 // RouteLimitDefaults returns every route's default limit, in proxy.RouteNames' order:
@@ -247,7 +252,7 @@ func RouteLimitDefaults() []RouteLimitDefault {
 		l := DefaultLimits[route]
 		out = append(out, RouteLimitDefault{Route: route, Values: []string{
 			strconv.FormatFloat(l.Rate, 'g', -1, 64), strconv.Itoa(l.Burst), l.MaxWait.String(),
-			strconv.Itoa(l.ClientLimit), l.ClientWindow.String(), strconv.FormatBool(l.DryRun)}})
+			strconv.Itoa(l.ClientLimit), l.ClientWindow.String(), strconv.FormatBool(l.DryRun), l.Exempt}})
 	}
 	if len(out[0].Values) != len(limitSettings) {
 		panic(fmt.Sprintf("sidecar: RouteLimitDefaults gives %d values, a route has %d settings", len(out[0].Values), len(limitSettings)))

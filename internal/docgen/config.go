@@ -47,6 +47,10 @@ func configurationPage() ([]byte, error) {
 	for _, d := range sidecar.RouteLimitDefaults() {
 		fmt.Fprintf(&b, "| `%s` |", d.Route)
 		for _, v := range d.Values {
+			if v == "" {
+				b.WriteString(" none |")
+				continue
+			}
 			fmt.Fprintf(&b, " `%s` |", v)
 		}
 		b.WriteString("\n")
