@@ -30,7 +30,7 @@ func TestCanceledWaiterSlotReused(t *testing.T) {
 		t.Fatalf("Waiting() with B, C and D queued = %d, want 3", n)
 	}
 	cancelB()
-	if d := result(t, resB); d != (limiter.Decision{Outcome: limiter.Canceled}) {
+	if d := result(t, resB); decided(d) != (limiter.Decision{Outcome: limiter.Canceled}) {
 		t.Errorf("Acquire() B = %+v, want canceled, Waited 0", d)
 	}
 	clock.waitResets(t, 2) // C and D moved up one turn each

@@ -38,9 +38,9 @@ func TestDryRunFlood(t *testing.T) {
 				for range perStep {
 					r, d := acquire(enforced, "c"), acquire(dry, "c")
 					switch {
-					case r.Outcome == limiter.Allowed && d == limiter.Decision{Outcome: limiter.Allowed}:
+					case r.Outcome == limiter.Allowed && decided(d) == limiter.Decision{Outcome: limiter.Allowed}:
 						allowed++
-					case r.Outcome == limiter.Rejected && d == limiter.Decision{Outcome: limiter.WouldReject}:
+					case r.Outcome == limiter.Rejected && decided(d) == limiter.Decision{Outcome: limiter.WouldReject}:
 						wouldReject++
 					default:
 						t.Fatalf("at +%v: enforced %+v, dry run %+v; want allowed and allowed, or rejected and would_reject (no RetryAfter)", elapsed, r, d)
@@ -119,7 +119,7 @@ func TestDryRunWait(t *testing.T) {
 		}
 		// The dry run never waits: no timer on its clock, a decision at once.
 		d := acquireAtOnce(t, dryClock, 0, dry, ctx, "c")
-		if d != (limiter.Decision{Outcome: s.dryOut}) {
+		if decided(d) != (limiter.Decision{Outcome: s.dryOut}) {
 			t.Fatalf("step %d at +%v: dry-run Acquire() = %+v, want %v at once, with no Waited nor RetryAfter (enforced: %+v)",
 				i+1, s.at, d, s.dryOut, s.real)
 		}
@@ -166,7 +166,7 @@ func TestDryRunClientShare(t *testing.T) {
 		}
 		for i, s := range steps {
 			clock.Advance(s.at - clock.Since(epoch))
-			if d := acquire(b, s.client); d != (limiter.Decision{Outcome: s.want}) {
+			if d := acquire(b, s.client); decided(d) != (limiter.Decision{Outcome: s.want}) {
 				t.Fatalf("step %d at +%v: Acquire(%s) = %+v, want %v", i+1, s.at, s.client, d, s.want)
 			}
 		}

@@ -76,6 +76,13 @@ func (g gcra) delay(tat, now int64) time.Duration {
 	return time.Duration(max(tat, now) + g.interval - g.burstOffset - now)
 }
 
+// quota returns the whole tokens left at now given tat, and the time until the bucket is
+// full.
+func (g gcra) quota(tat, now int64) (remaining int, full time.Duration) {
+	debt := max(tat-now, 0)
+	return int(max(g.burstOffset-debt, 0) / g.interval), time.Duration(debt)
+}
+
 // take returns tat once a request at now took the next token.
 func (g gcra) take(tat, now int64) int64 {
 	return max(tat, now) + g.interval

@@ -209,3 +209,10 @@ var clientKeys = func() []string {
 }()
 
 func cycleClients(i int) string { return clientKeys[i%len(clientKeys)] }
+
+// decided returns d without its quota (QuotaKnown, Remaining, Full), for tests of the
+// outcome, the wait and RetryAfter alone.
+func decided(d limiter.Decision) limiter.Decision {
+	d.QuotaKnown, d.Remaining, d.Full = false, 0, 0
+	return d
+}

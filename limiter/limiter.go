@@ -242,6 +242,16 @@ type Decision struct {
 	// for RejectedClient, the time until a token of the client's share is (at most
 	// ClientWindow/ClientLimit). 0 for the other outcomes.
 	RetryAfter time.Duration
+	// QuotaKnown reports whether Remaining and Full describe the route's bucket after
+	// this decision: true for a Bucket's decisions on a route with a Rate, false for a
+	// RedisBucket's (the bucket is in Redis) and for the other outcomes.
+	QuotaKnown bool
+	// Remaining is the tokens left in the route's bucket after this decision, rounded
+	// down, 0 to Burst.
+	Remaining int
+	// Full is the time until the route's bucket is full again if no request takes a
+	// token meanwhile; 0 when it is full.
+	Full time.Duration
 }
 
 // Pass reports whether the request may go on to the upstream.
@@ -435,12 +445,12 @@ func (b *Bucket) reserve(ctx context.Context, now int64, client string) (Decisio
 		b.tat = b.global.clamp(b.tat, now)
 		delay = max(b.global.delay(b.tat, now), 0)
 		if delay > b.limit.MaxWait || (delay > 0 && delay > maxWaitOf(ctx)) {
-			return b.refuse(Decision{Outcome: Rejected, RetryAfter: delay}), nil
+			return b.withQuota(b.refuse(Decision{Outcome: Rejected, RetryAfter: delay}), now), nil
 		}
 	}
 	if b.clients != nil {
 		if ok, retry := b.clients.allow(client, now); !ok {
-			return b.refuse(Decision{Outcome: RejectedClient, RetryAfter: retry}), nil
+			return b.withQuota(b.refuse(Decision{Outcome: RejectedClient, RetryAfter: retry}), now), nil
 		}
 	}
 	if !b.limited() {
@@ -449,7 +459,7 @@ func (b *Bucket) reserve(ctx context.Context, now int64, client string) (Decisio
 	b.tat = b.global.take(b.tat, now)
 	if delay <= 0 || b.limit.DryRun {
 		// A dry run takes the turn the request would wait for, but does not hold it.
-		return Decision{Outcome: Allowed}, nil
+		return b.withQuota(Decision{Outcome: Allowed}, now), nil
 	}
 	w := &waiter{at: now + int64(delay), moved: make(chan struct{}, 1)}
 	if b.clients != nil {
@@ -457,6 +467,16 @@ func (b *Bucket) reserve(ctx context.Context, now int64, client string) (Decisio
 	}
 	b.waiting = append(b.waiting, w)
 	return Decision{}, w
+}
+
+// withQuota returns d with the route's bucket's quota at now (Decision.Remaining, Full);
+// d unchanged when the route has no Rate. The caller holds b.mu.
+func (b *Bucket) withQuota(d Decision, now int64) Decision {
+	if b.limited() {
+		d.QuotaKnown = true
+		d.Remaining, d.Full = b.global.quota(b.tat, now)
+	}
+	return d
 }
 
 // refuse returns d, a rejection, or WouldReject in a dry run.

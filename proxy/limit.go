@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -56,4 +58,31 @@ func (a *limitAnswer) retryAfter(s int) []string {
 type retryMemo struct {
 	s int
 	v []string
+}
+
+// quotaHeaders sets, when the route has a rate and Options.RateLimitHeaders is on, the
+// RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10
+// (structured fields, RFC 9651) on h, for the limit in force: the policy named after the
+// route, its quota q the bucket's burst and its window w the whole seconds the bucket
+// takes to fill from empty; and, when d knows the bucket's quota (limiter.Decision
+// QuotaKnown), its remaining tokens r and the whole seconds t until it is full. A
+// request's answer carries them whether it was let through or refused.
+func (rt *route) quotaHeaders(h http.Header, d limiter.Decision) {
+	if !rt.rateLimitHeaders {
+		return
+	}
+	held := rt.limiter.Load()
+	if held.l == nil {
+		return
+	}
+	lim := held.l.Limit()
+	if lim.Rate <= 0 {
+		return
+	}
+	name := strconv.Quote(rt.name) // a route name is a valid sf-string as it is quoted
+	window := max(int64(math.Ceil(float64(lim.Burst)/lim.Rate)), 1)
+	h["Ratelimit-Policy"] = []string{fmt.Sprintf("%s;q=%d;w=%d", name, lim.Burst, window)}
+	if d.QuotaKnown {
+		h["Ratelimit"] = []string{fmt.Sprintf("%s;r=%d;t=%d", name, d.Remaining, int64(math.Ceil(d.Full.Seconds())))}
+	}
 }

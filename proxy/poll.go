@@ -49,6 +49,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 	case bridge.Stored, bridge.Pending:
 		rt.metrics.BridgePoll(a.Source.String())
 		rec.decision = a.Source.String()
+		rt.quotaHeaders(rec.Header(), limiter.Decision{}) // no token taken: the policy only
 		h, ah := rec.Header(), rt.answerHeader(a.ContentType, len(a.Body))
 		h["Content-Type"], h["Content-Length"] = ah.ct, ah.length
 		rec.WriteHeader(http.StatusOK)
@@ -92,6 +93,7 @@ func (rt *route) servePoll(rec *recorder, r *http.Request, id string) {
 		rt.bridged.bridge.NotAsked(id, owner) // the next poll asks again
 	}
 	rec.decide(f.decision) // each poll counts the decision it shares
+	rt.quotaHeaders(rec.Header(), f.decision)
 	switch {
 	case f.canceled || f.streamed || (f.hold != nil && !held):
 		abort(rec) // this client left while waiting

@@ -44,6 +44,9 @@ type Options struct {
 	// LimitStatus is a refused request's status: 503 (zero value), as Core answers when busy,
 	// or 429 (RFC 6585).
 	LimitStatus int
+	// RateLimitHeaders adds the RateLimit-Policy and RateLimit fields to the answers of
+	// routes with a rate (quotaHeaders). False: none.
+	RateLimitHeaders bool
 	// TrustedProxies are the peers whose X-Forwarded-For (or X-Real-IP) keys per-client
 	// shares and whose forwarding fields reach Core as sent (setForwarded). Empty: the TCP
 	// peer is the client.

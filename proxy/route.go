@@ -29,19 +29,21 @@ type route struct {
 	upstreamTimeout, bodyIdle time.Duration
 	log                       *slog.Logger
 	logged                    logSample // the upstream errors logged, at most once a second
+	rateLimitHeaders          bool      // Options.RateLimitHeaders
 }
 
 func newRoute(name string, opts Options, rp *httputil.ReverseProxy) *route {
 	rt := &route{
-		name:            name,
-		submit:          name == "submit",
-		proxy:           rp,
-		metrics:         opts.Metrics.Route(name),
-		limit:           newLimitAnswer(name, opts.LimitStatus),
-		clientKeys:      clientKeys{trusted: opts.TrustedProxies, ipv4: opts.ClientIPv4Prefix, ipv6: opts.ClientIPv6Prefix},
-		upstreamTimeout: opts.UpstreamTimeout,
-		bodyIdle:        opts.BodyIdleTimeout,
-		log:             opts.Logger.With("route", name),
+		name:             name,
+		submit:           name == "submit",
+		proxy:            rp,
+		metrics:          opts.Metrics.Route(name),
+		limit:            newLimitAnswer(name, opts.LimitStatus),
+		clientKeys:       clientKeys{trusted: opts.TrustedProxies, ipv4: opts.ClientIPv4Prefix, ipv6: opts.ClientIPv6Prefix},
+		upstreamTimeout:  opts.UpstreamTimeout,
+		bodyIdle:         opts.BodyIdleTimeout,
+		log:              opts.Logger.With("route", name),
+		rateLimitHeaders: opts.RateLimitHeaders,
 	}
 	rt.handler = rt.account(http.HandlerFunc(rt.serve))
 	rt.setLimiter(opts.Limits.Limiter(name))
@@ -177,6 +179,7 @@ func (rt *route) serve(w http.ResponseWriter, r *http.Request) {
 
 	d := rt.acquire(r.Context(), r)
 	rec.decide(d)
+	rt.quotaHeaders(rec.Header(), d)
 	switch d.Outcome {
 	case limiter.Rejected, limiter.RejectedClient:
 		rt.limit.write(rec, d)

@@ -34,6 +34,10 @@ type Config struct {
 	// LimitStatus is the status of a rejected request: 503 (Core's own answer when busy,
 	// which clients already handle) or 429. Default 503.
 	LimitStatus int `env:"LIMIT_STATUS" envDefault:"503"`
+	// RateLimitHeaders adds the RateLimit-Policy and RateLimit fields
+	// (draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate.
+	// Default false.
+	RateLimitHeaders bool `env:"RATELIMIT_HEADERS" envDefault:"false"`
 	// TrustedProxies are the CIDRs (or single addresses) of load balancers whose
 	// X-Forwarded-For (or X-Real-IP) is believed for per-client keys, and whose
 	// X-Forwarded-Proto, -Host, -Port, Forwarded and the like reach Core as sent.

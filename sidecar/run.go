@@ -210,6 +210,7 @@ func startProxy(ctx context.Context, cfg *Config, reg *prometheus.Registry, m *m
 		Limits:           limits.live,
 		Metrics:          m,
 		LimitStatus:      cfg.LimitStatus,
+		RateLimitHeaders: cfg.RateLimitHeaders,
 		TrustedProxies:   cfg.trusted,
 		ClientIPv6Prefix: cfg.ClientIPv6Prefix,
 		ClientIPv4Prefix: cfg.ClientIPv4Prefix,

@@ -84,6 +84,8 @@ var settingDocs = []settingDoc{
 		"How often mdproxy asks Core's `/readyz` whether Core can be reached (any answer is reachable), the first time at start: `mdproxy_upstream_up` and a warning when it cannot (docs/metrics.md); `0` turns the check off, and the gauge with it. mdproxy's own `/readyz` never follows Core."},
 	{"LIMIT_STATUS", "Listeners and Core", "status", "", "",
 		"Status of a rejected request: `503` (as Core answers when busy) or `429`."},
+	{"RATELIMIT_HEADERS", "Listeners and Core", "true or false", "", "",
+		"Add `RateLimit-Policy` and `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate, let through or refused: the route's policy (`q` its burst, `w` the seconds it takes to fill) and, where this replica's bucket decided (not on Redis), the tokens left (`r`) and the seconds until it is full (`t`)."},
 	{"MAX_CONNECTIONS", "Listeners and Core", "connections", "", "",
 		"Most client connections the proxy port holds open at once (each holds memory); beyond it a new one waits in the kernel's backlog until one closes."},
 
