@@ -106,6 +106,22 @@ type Limit struct {
 	// The limiter does not read it: the caller lets such a request through without
 	// asking the bucket (outcome Exempt). "" exempts no one.
 	Exempt string
+	// RateMin is the lowest rate, in requests per second, that an adaptive controller
+	// may set the route's bucket to (Set.SetRate), from MinRate to Rate; the bucket
+	// itself does not read it. 0 means a tenth of Rate (Floor).
+	RateMin float64
+}
+
+// Floor returns the lowest rate an adaptive controller may set: RateMin, or a tenth of
+// Rate (at least MinRate) when RateMin is 0; 0 without a Rate.
+func (l Limit) Floor() float64 {
+	switch {
+	case l.Rate == 0:
+		return 0
+	case l.RateMin > 0:
+		return min(l.RateMin, l.Rate)
+	}
+	return max(l.Rate/10, MinRate)
 }
 
 // filled returns l with the Burst that 0 stands for filled in: ceil(Rate), at least 1,
@@ -406,6 +422,10 @@ func (l Limit) Validate() error {
 	if l.ClientWindow < 0 || l.ClientWindow > MaxClientWindow {
 		bad("ClientWindow", fmt.Sprintf("want a duration from 0 (one second) to %v", MaxClientWindow))
 	}
+	if l.RateMin < 0 || math.IsNaN(l.RateMin) || math.IsInf(l.RateMin, 0) ||
+		(l.RateMin > 0 && (l.RateMin < MinRate || (l.Rate > 0 && l.RateMin > l.Rate))) {
+		bad("RateMin", fmt.Sprintf("want 0 (a tenth of the rate) or from %g requests per second to the rate", MinRate))
+	}
 	return errors.Join(errs...)
 }
 
@@ -416,7 +436,25 @@ func (b *Bucket) Limit() Limit {
 	if b == nil {
 		return Limit{}
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	return b.limit
+}
+
+// setRate makes rate (MinRate to MaxRate) the bucket's rate from now on, Burst and
+// MaxWait kept; the tokens missing now stay missing (the time the bucket is behind is
+// scaled to the new rate, as x/time/rate's SetLimit keeps its tokens), and requests
+// waiting keep their turns.
+func (b *Bucket) setRate(rate float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	old := b.global
+	b.global = routeGCRA(rate, b.limit.Burst, b.limit.MaxWait)
+	b.limit.Rate = rate
+	if debt := b.tat - now; debt > 0 {
+		b.tat = now + int64(float64(debt)*float64(b.global.interval)/float64(old.interval))
+	}
 }
 
 // Acquire decides whether a request of client may go on, at the instant the bucket's
@@ -653,6 +691,31 @@ func (s *Set) Limiter(route string) Limiter {
 		return nil
 	}
 	return s.limiters[route]
+}
+
+// SetRate sets the rate of route's bucket to rate, in requests per second, clamped to
+// the route's Floor and its configured Rate, keeping the bucket's state (Bucket's
+// setRate). It returns an error when route has no rate, or its Limiter is not a Bucket
+// of this process (a RedisBucket: not supported). Safe for concurrent use; Update
+// builds the route's bucket anew at its configured rate when its Limit changed.
+func (s *Set) SetRate(route string, rate float64) error {
+	b, ok := s.Limiter(route).(*Bucket)
+	if !ok || b == nil || !b.limited() {
+		return fmt.Errorf("route %s: no rate of a bucket of this process to set", route)
+	}
+	conf := s.limits[route].effective()
+	b.setRate(min(max(rate, conf.Floor()), conf.Rate))
+	return nil
+}
+
+// Configured returns route's Limit as given to NewSet or Update, as it acts (Burst
+// filled in), whatever SetRate did since, and whether the route has a limit.
+func (s *Set) Configured(route string) (Limit, bool) {
+	if s == nil {
+		return Limit{}, false
+	}
+	l, ok := s.limits[route]
+	return l.effective(), ok && !l.Unlimited()
 }
 
 // Limit returns the Limit in force on route, Burst filled in; the zero Limit when the

@@ -42,3 +42,40 @@ func TestDecisionQuota(t *testing.T) {
 		t.Errorf("a decision of a route without a rate = %+v, want QuotaKnown false", d)
 	}
 }
+
+// TestSetRate: SetRate changes a bucket's rate in place, clamped to the route's floor
+// and configured rate: the tokens missing stay missing, the refill follows the new
+// rate, and Configured still gives the configured limit.
+func TestSetRate(t *testing.T) {
+	clock := newClock()
+	set, err := limiter.NewSet(map[string]limiter.Limit{"r": {Rate: 10, Burst: 10, RateMin: 2}}, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := set.Limiter("r")
+	for range 10 {
+		acquire(b, "")
+	}
+	if err := set.SetRate("r", 1); err != nil { // under the floor: 2
+		t.Fatalf("SetRate = %v", err)
+	}
+	if got := b.Limit().Rate; got != 2 {
+		t.Errorf("rate after SetRate(1) with RateMin 2 = %v, want 2", got)
+	}
+	if d := acquire(b, ""); d.Outcome != limiter.Rejected || d.RetryAfter != 500*time.Millisecond {
+		t.Errorf("an empty bucket at 2/s = %+v, want rejected, a token in 500ms", d)
+	}
+	clock.Advance(500 * time.Millisecond)
+	if d := acquire(b, ""); d.Outcome != limiter.Allowed {
+		t.Errorf("after 500ms at 2/s = %+v, want allowed", d)
+	}
+	if err := set.SetRate("r", 50); err != nil || b.Limit().Rate != 10 {
+		t.Errorf("SetRate(50) = %v, rate %v; want nil, 10 (the configured rate)", err, b.Limit().Rate)
+	}
+	if l, ok := set.Configured("r"); !ok || l.Rate != 10 || l.Floor() != 2 {
+		t.Errorf("Configured(r) = %+v, %t; want rate 10, floor 2", l, ok)
+	}
+	if err := set.SetRate("none", 1); err == nil {
+		t.Error("SetRate of a route without a limit = nil, want an error")
+	}
+}
