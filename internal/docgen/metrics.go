@@ -62,6 +62,7 @@ func collectMetrics() ([]metric, error) {
 	metrics.New(r)
 	metrics.NewRedis(r)
 	metrics.NewUpstreamUp(r)
+	metrics.NewAdaptive(r, nil)
 	metrics.RegisterLimiterMode(r, []string{"local"}, func() string { return "local" })
 	metrics.RegisterClientKeys(r, oneOfEach{})
 	metrics.RegisterLimiterRestores(r, oneOfEach{})
@@ -206,6 +207,7 @@ func labelValues() map[string]string {
 		"outcome":   code(bridge.OutcomeStored, bridge.OutcomeForged, bridge.OutcomeInvalid, bridge.OutcomeBusy),
 		"mode":      code(modes...),
 		"bucket":    code("route", "client"),
+		"direction": code(metrics.Directions...),
 		"command":   "the Redis command: `evalsha` for a limit decision, the result store's commands",
 		"version":   "mdproxy's version (`--version`)",
 		"revision":  "the VCS revision it was built from",

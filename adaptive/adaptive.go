@@ -1,0 +1,233 @@
+// Package adaptive sets the rate of mdproxy's limited routes from Core's own scan queue:
+// every interval it reads Core's GET /stat/nodes and moves each route's rate between
+// its floor and its configured rate, the ceiling, by additive increase while the queue's
+// occupancy is under the target and multiplicative decrease above it or when Core
+// answered 503 itself (docs/adaptive.md). It never raises a rate without a reading.
+package adaptive
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// The policy's steps: a rate rises by Increase of its ceiling an interval and falls to
+// Decrease of itself.
+const (
+	Increase = 0.1
+	Decrease = 0.5
+)
+
+// HoldIntervals is how many intervals without a reading of Core's statistics the rates
+// hold before they return to their ceilings, the configured rates.
+const HoldIntervals = 12
+
+// Route is a limited route as the controller sees it at a step.
+type Route struct {
+	Name           string
+	Floor, Ceiling float64 // requests per second; 0 < Floor <= Ceiling
+}
+
+// Next returns the rate after one interval at rate, given Core's queue occupancy (0 to
+// 1) and whether Core answered 503 since the last step: Decrease of rate (not under
+// r.Floor) when occupancy is over target or Core refused, else Increase of r.Ceiling
+// more (not over it).
+func Next(r Route, rate, occupancy, target float64, refused bool) float64 {
+	if occupancy > target || refused {
+		return max(rate*Decrease, r.Floor)
+	}
+	return min(rate+r.Ceiling*Increase, r.Ceiling)
+}
+
+// Stats reads Core's queue occupancy from GET /stat/nodes.
+type Stats struct {
+	Client *http.Client // with its timeout; its Transport is Core's
+	URL    string       // Core's base URL
+	APIKey string       // sent as the apikey header; never logged
+}
+
+// errNoNodes is a /stat/nodes answer without a node.
+var errNoNodes = errors.New("Core's /stat/nodes lists no node")
+
+// Occupancy returns the share of Core's scan queue in use, 0 to 1: over every node, the
+// files in the queue over those and the slots still free (scan_queue_details), or, from
+// a Core that does not give them, the nodes' CPU load (load, percent) over 100. An error
+// says why it could not be read: Core unreachable, a status other than 200 (401 or 403:
+// the apikey), an answer that is not the description's JSON.
+func (s Stats) Occupancy(ctx context.Context) (float64, error) {
+	u, err := url.JoinPath(s.URL, "stat", "nodes")
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("apikey", s.APIKey)
+	resp, err := s.Client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("Core's /stat/nodes answered %d", resp.StatusCode)
+	}
+	var nodes []struct {
+		Statuses []struct {
+			Load    *float64 `json:"load"`
+			Details *struct {
+				Total     *float64 `json:"total_scan_queue"`
+				Available *float64 `json:"available_slots"`
+			} `json:"scan_queue_details"`
+		} `json:"statuses"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&nodes); err != nil {
+		return 0, fmt.Errorf("Core's /stat/nodes: %w", err)
+	}
+	var used, slots, load float64
+	n, detailed := 0, true
+	for _, in := range nodes {
+		for _, st := range in.Statuses {
+			n++
+			if d := st.Details; d != nil && d.Total != nil && d.Available != nil {
+				used, slots = used+*d.Total, slots+*d.Total+*d.Available
+			} else {
+				detailed = false
+			}
+			if st.Load != nil {
+				load += *st.Load
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return 0, errNoNodes
+	case detailed && slots > 0:
+		return used / slots, nil
+	case detailed:
+		return 0, nil
+	}
+	return min(max(load/float64(n)/100, 0), 1), nil
+}
+
+// Core is what the controller reads of Core: its queue occupancy (Stats.Occupancy) and
+// how many times it answered 503 so far (a counter: mdproxy's metrics).
+type Core interface {
+	Occupancy(ctx context.Context) (float64, error)
+	Refused() float64
+}
+
+// Limits are the limited routes now, with their floors and ceilings, and the way to put
+// a rate in force on one.
+type Limits interface {
+	Routes() []Route
+	Apply(route string, rate float64)
+}
+
+// Recorder counts what the controller reads and does (metrics).
+type Recorder interface {
+	Occupied(occupancy float64)                    // each reading
+	Failed()                                       // each reading that failed
+	Rate(route string, rate float64, atFloor bool) // each route's rate at each step (in a dry run, the rate it would set)
+	Adjusted(route, direction string)              // each change: up, down or reset
+}
+
+// Controller moves the rates of Limits' routes from Core's readings, by Next, towards
+// Target (0 to 1). In a dry run it computes and records the rates and puts none in
+// force. Its methods are called from one goroutine (Run).
+type Controller struct {
+	Core     Core
+	Limits   Limits
+	Recorder Recorder
+	Target   float64
+	DryRun   bool
+	Log      *slog.Logger
+
+	rates       map[string]float64 // the rate of each route as last set or computed
+	lastRefused float64
+	failures    int // readings failed in a row
+}
+
+// Step runs one interval: reads Core's statistics and moves each route's rate, or, when
+// they cannot be read, holds the rates, and returns them to their ceilings after
+// HoldIntervals failed readings in a row. The first failure of a run of them and the
+// reading after it are logged, once each.
+func (c *Controller) Step(ctx context.Context) {
+	if c.rates == nil {
+		c.rates = map[string]float64{}
+	}
+	occupancy, err := c.Core.Occupancy(ctx)
+	refusedNow := c.Core.Refused()
+	refused := refusedNow > c.lastRefused
+	c.lastRefused = refusedNow
+	routes := c.Limits.Routes()
+	if err != nil {
+		c.failures++
+		c.Recorder.Failed()
+		if c.failures == 1 {
+			c.Log.Warn("adaptive limit: Core's statistics cannot be read; the rates hold, and return to the configured ones if this lasts",
+				"err", err.Error(), "hold_intervals", HoldIntervals)
+		}
+		if c.failures == HoldIntervals {
+			for _, r := range routes {
+				c.set(r, r.Ceiling, "reset")
+			}
+		}
+		return
+	}
+	if c.failures > 0 {
+		c.Log.Info("adaptive limit: Core's statistics read again", "failed_readings", c.failures)
+		c.failures = 0
+	}
+	c.Recorder.Occupied(occupancy)
+	for _, r := range routes {
+		rate, ok := c.rates[r.Name]
+		if !ok {
+			rate = r.Ceiling
+		}
+		rate = min(max(rate, r.Floor), r.Ceiling) // a reload may have moved the bounds
+		next := Next(r, rate, occupancy, c.Target, refused)
+		switch {
+		case next < rate:
+			c.set(r, next, "down")
+		case next > rate:
+			c.set(r, next, "up")
+		default:
+			c.rates[r.Name] = next
+			c.Recorder.Rate(r.Name, next, next <= r.Floor)
+		}
+	}
+}
+
+func (c *Controller) set(r Route, rate float64, direction string) {
+	c.rates[r.Name] = rate
+	c.Recorder.Rate(r.Name, rate, rate <= r.Floor)
+	c.Recorder.Adjusted(r.Name, direction)
+	if !c.DryRun {
+		c.Limits.Apply(r.Name, rate)
+	}
+}
+
+// Run calls Step every interval on clock until ctx ends.
+func (c *Controller) Run(ctx context.Context, clock clockwork.Clock, interval time.Duration) {
+	t := clock.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+			sctx, cancel := context.WithTimeout(ctx, interval)
+			c.Step(sctx)
+			cancel()
+		}
+	}
+}
