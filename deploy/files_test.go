@@ -289,7 +289,7 @@ func TestAlertsHaveSummaryAndDescription(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"MdproxyDown", "MdproxyUpstreamDown", "MdproxyRejectionRatioHigh", "MdproxyUpstreamErrors", "CoreScanQueueFull", "MdproxyUpstreamLatencyHigh", "MdproxyBridgeCallbacksStopped", "MdproxyLimiterFallback"} {
+	for _, want := range []string{"MdproxyDown", "MdproxyUpstreamDown", "MdproxyAdaptiveAtFloor", "MdproxyRejectionRatioHigh", "MdproxyUpstreamErrors", "CoreScanQueueFull", "MdproxyUpstreamLatencyHigh", "MdproxyBridgeCallbacksStopped", "MdproxyLimiterFallback"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no alert %s in alerts.yml", want)
 		}

@@ -107,6 +107,13 @@ func TestAgainstPrometheus(t *testing.T) {
 		"MDPROXY_FILE_RESULT_RATE": "300", "MDPROXY_FILE_RESULT_BURST": "50", "MDPROXY_FILE_RESULT_MAX_WAIT": "20ms",
 	}, child.Options{Ready: "mdproxy serving"})
 	proxyURL, proxyAdmin := "http://"+proxy.Field("listen"), proxy.Field("admin")
+	// A second mdproxy, without Redis, with the adaptive limit on (it is not yet
+	// possible with Redis), so that the dashboard's adaptive panels have data too.
+	adaptive := bintest.Start(t, mdproxyBin, map[string]string{
+		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
+		"MDPROXY_UPSTREAM_URL": "http://" + core.Field("listen"),
+		"MDPROXY_ADAPTIVE":     "true", "MDPROXY_ADAPTIVE_INTERVAL": "1s",
+	}, child.Options{Ready: "mdproxy serving"})
 	// Issue 13: series are created when a route is first used or is limited, so a
 	// fresh mdproxy exports at most a third of the 1087 it exported when every route's
 	// series were made at start.
@@ -121,10 +128,10 @@ func TestAgainstPrometheus(t *testing.T) {
 rule_files: [%q, %q]
 scrape_configs:
   - job_name: mdproxy
-    static_configs: [{targets: [%q]}]
+    static_configs: [{targets: [%q, %q]}]
   - job_name: coresim
     static_configs: [{targets: [%q]}]
-`, filepath.Join(rules, "recording.yml"), filepath.Join(rules, "alerts.yml"), proxyAdmin, core.Field("admin"))
+`, filepath.Join(rules, "recording.yml"), filepath.Join(rules, "alerts.yml"), proxyAdmin, adaptive.Field("admin"), core.Field("admin"))
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -275,15 +282,14 @@ scrape_configs:
 	}
 
 	// The dashboard uses only metrics mdproxy exports (and recording rules, and up).
-	resp, err = http.Get("http://" + proxyAdmin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	t.Logf("mdproxy's series: %d at start, %d after the run", atStart, len(sidecartest.ScrapeMetrics(t, nil, "http://"+proxyAdmin+"/metrics")))
 	exported := map[string]bool{}
-	for _, line := range strings.Split(string(body), "\n") {
+	var pages []string // both instances' /metrics: the adaptive metrics are the second's
+	for _, admin := range []string{proxyAdmin, adaptive.Field("admin")} {
+		_, page := sidecartest.Get(t, sidecartest.NewClient(t), "http://"+admin+"/metrics")
+		pages = append(pages, page)
+	}
+	for _, line := range strings.Split(strings.Join(pages, "\n"), "\n") {
 		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			f := strings.Fields(name)
 			exported[f[0]] = true

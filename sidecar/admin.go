@@ -80,6 +80,9 @@ func settingsOf(c *Config, limits proxy.Limits) effectiveSettings {
 		s.Variables[EnvPrefix+"UPSTREAM_URL"] = c.upstream.Redacted()
 	}
 	s.Variables[EnvPrefix+"REDIS_URL"] = redactedURL(c.RedisURL)
+	if c.CoreAPIKey != "" {
+		s.Variables[EnvPrefix+"CORE_APIKEY"] = "[redacted]"
+	}
 	trusted := make([]string, len(c.trusted))
 	for i, p := range c.trusted {
 		trusted[i] = p.String()

@@ -38,6 +38,22 @@ type Config struct {
 	// (draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate.
 	// Default false.
 	RateLimitHeaders bool `env:"RATELIMIT_HEADERS" envDefault:"false"`
+
+	// Adaptive turns on the adaptive limit: the rates of the routes with a rate follow
+	// Core's scan queue (package adaptive, docs/adaptive.md). Default false.
+	Adaptive bool `env:"ADAPTIVE" envDefault:"false"`
+	// AdaptiveInterval is how often the adaptive limit reads Core's /stat/nodes, 1s to
+	// 10m. Default 5s.
+	AdaptiveInterval time.Duration `env:"ADAPTIVE_INTERVAL" envDefault:"5s"`
+	// AdaptiveTarget is the share of Core's scan queue in use above which the rates
+	// fall, above 0 and at most 1. Default 0.8.
+	AdaptiveTarget float64 `env:"ADAPTIVE_TARGET" envDefault:"0.8"`
+	// AdaptiveDryRun computes and exports the rates the adaptive limit would set, and
+	// sets none. Default false.
+	AdaptiveDryRun bool `env:"ADAPTIVE_DRY_RUN" envDefault:"false"`
+	// CoreAPIKey is the apikey the adaptive limit reads Core's /stat/nodes with (a
+	// secret: never logged, redacted in /config). Default none.
+	CoreAPIKey string `env:"CORE_APIKEY"`
 	// TrustedProxies are the CIDRs (or single addresses) of load balancers whose
 	// X-Forwarded-For (or X-Real-IP) is believed for per-client keys, and whose
 	// X-Forwarded-Proto, -Host, -Port, Forwarded and the like reach Core as sent.
@@ -288,6 +304,9 @@ const maxClientKeys = 10_000_000
 // less the prefix: the message of a value out of range and of one that does not parse.
 var configWants = map[string]string{
 	"LIMIT_STATUS":             "want 503 or 429",
+	"ADAPTIVE":                 "want true or false; true is not yet possible with MDPROXY_REDIS_URL (each replica's buckets are its own only without Redis)",
+	"ADAPTIVE_INTERVAL":        "want a duration with its unit from 1s to 10m (e.g. 5s)",
+	"ADAPTIVE_TARGET":          "want a share of Core's scan queue above 0, at most 1 (e.g. 0.8)",
 	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
 	"UPSTREAM_CHECK_INTERVAL":  "want a duration with its unit >= 0, at most 24h (e.g. 10s); 0 = no check",
 	"UPSTREAM_DIAL_TIMEOUT":    "want a duration with its unit above 0, at most 24h (e.g. 5s)",
@@ -340,6 +359,15 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {
 		bad("LIMIT_STATUS", configWants["LIMIT_STATUS"])
+	}
+	if c.Adaptive && c.RedisURL != "" {
+		bad("ADAPTIVE", configWants["ADAPTIVE"])
+	}
+	if c.AdaptiveInterval < time.Second || c.AdaptiveInterval > 10*time.Minute {
+		bad("ADAPTIVE_INTERVAL", configWants["ADAPTIVE_INTERVAL"])
+	}
+	if !(c.AdaptiveTarget > 0 && c.AdaptiveTarget <= 1) {
+		bad("ADAPTIVE_TARGET", configWants["ADAPTIVE_TARGET"])
 	}
 	c.trusted = nil
 	for _, s := range c.TrustedProxies {

@@ -24,10 +24,11 @@ type limitVars struct {
 	ClientWindow time.Duration `env:"CLIENT_WINDOW"`
 	DryRun       bool          `env:"DRY_RUN"`
 	Exempt       string        `env:"EXEMPT"`
+	RateMin      float64       `env:"RATE_MIN"`
 }
 
 // limitSettings are the settings of a route's limit, the suffixes of its variables
-// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN, EXEMPT), in field order.
+// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN, EXEMPT, RATE_MIN), in field order.
 var limitSettings = envconf.Names[limitVars]("")
 
 // limitWants says what each setting of a route's limit accepts, by setting: the range
@@ -40,6 +41,7 @@ var limitWants = map[string]string{
 	"CLIENT_LIMIT":  "want a whole number of requests per window >= 0, at most 2147483647; 0 = off",
 	"CLIENT_WINDOW": "want a duration with its unit >= 0, at most 720h (e.g. 1s, 1m); 0 = 1s",
 	"DRY_RUN":       "want true or false; true = decide as the limit would, count would_reject and let every request go on",
+	"RATE_MIN":      "want a number of requests per second >= 0, at most the rate: 0 = a tenth of the rate",
 	"EXEMPT":        "want client address prefixes (10.0.0.0/8, 2001:db8::/32, an address) and apikey digests (sha256: and the 64 hex digits of the key's SHA-256, never the key), comma-separated; empty = none",
 }
 
@@ -126,7 +128,7 @@ func limitErrors(environ map[string]string, prefix string, err error) envconf.Er
 }
 
 // routeLimitVars returns the name of every route limit variable: MDPROXY_<ROUTE>_RATE,
-// _BURST, _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW, _DRY_RUN and _EXEMPT of every route.
+// _BURST, _MAX_WAIT, _CLIENT_LIMIT, _CLIENT_WINDOW, _DRY_RUN, _EXEMPT and _RATE_MIN of every route.
 func routeLimitVars() []string {
 	var names []string
 	for _, route := range proxy.RouteNames() {

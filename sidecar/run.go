@@ -95,6 +95,9 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 			metrics.NewUpstreamUp(reg), log)()
 	}
 	defer newLimitsReloader(cfg, environ, log, m, limits.live, px.h).start(o.reloadSignals)()
+	if cfg.Adaptive {
+		defer startAdaptive(cfg, reg, px.tr, limits.live, px.h, log)()
+	}
 	if started != nil {
 		started(srv.pl.Addr(), srv.al.Addr())
 	}

@@ -84,6 +84,16 @@ var settingDocs = []settingDoc{
 		"How often mdproxy asks Core's `/readyz` whether Core can be reached (any answer is reachable), the first time at start: `mdproxy_upstream_up` and a warning when it cannot (docs/metrics.md); `0` turns the check off, and the gauge with it. mdproxy's own `/readyz` never follows Core."},
 	{"LIMIT_STATUS", "Listeners and Core", "status", "", "",
 		"Status of a rejected request: `503` (as Core answers when busy) or `429`."},
+	{"ADAPTIVE", "Route limits", "true or false", "", "",
+		"Let the rate of every route with a rate follow Core's scan queue (docs/adaptive.md): read `GET /stat/nodes` every `MDPROXY_ADAPTIVE_INTERVAL`, lower the rates towards `_RATE_MIN` while the queue is fuller than `MDPROXY_ADAPTIVE_TARGET` or Core answers `503`, raise them back to `_RATE` while it is not. Not yet with `MDPROXY_REDIS_URL`."},
+	{"ADAPTIVE_INTERVAL", "Route limits", "duration", "", "",
+		"How often the adaptive limit reads Core's statistics and moves the rates."},
+	{"ADAPTIVE_TARGET", "Route limits", "share", "", "",
+		"The share of Core's scan queue in use above which the adaptive limit lowers the rates (KEDA's used-slot target in OPSWAT's chart is 80%)."},
+	{"ADAPTIVE_DRY_RUN", "Route limits", "true or false", "", "",
+		"Compute and export the rates the adaptive limit would set (`mdproxy_adaptive_rate_requests_per_second`), and set none."},
+	{"CORE_APIKEY", "Route limits", "secret", "", "none",
+		"The apikey the adaptive limit reads Core's `/stat/nodes` with (Core gives its statistics to an apikey with the monitoring permission); never logged, redacted in `/config`."},
 	{"RATELIMIT_HEADERS", "Listeners and Core", "true or false", "", "",
 		"Add `RateLimit-Policy` and `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate, let through or refused: the route's policy (`q` its burst, `w` the seconds it takes to fill) and, where this replica's bucket decided (not on Redis), the tokens left (`r`) and the seconds until it is full (`t`)."},
 	{"MAX_CONNECTIONS", "Listeners and Core", "connections", "", "",
@@ -174,6 +184,7 @@ var limitDocs = []settingDoc{
 	{key: "CLIENT_LIMIT", unit: "requests per window", meaning: "Each client's share of the route, inside the route's bucket, a client being its `apikey`, else its address grouped by `MDPROXY_CLIENT_IPV6_PREFIX` or `_IPV4_PREFIX`: a token bucket of `CLIENT_LIMIT` requests refilled at `CLIENT_LIMIT` per `CLIENT_WINDOW` (at most 2×`CLIENT_LIMIT`−1 within any window); `0` is off."},
 	{key: "CLIENT_WINDOW", unit: "duration", meaning: "The window of `CLIENT_LIMIT`; `0` is `1s`."},
 	{key: "DRY_RUN", unit: "true or false", meaning: "Decide as the limit would, count what it would refuse as `would_reject`, and forward every request."},
+	{key: "RATE_MIN", unit: "requests per second", meaning: "The lowest rate the adaptive limit (`MDPROXY_ADAPTIVE`) lowers the route to while Core is busy; `0` is a tenth of `_RATE`, which stays the highest. Without the adaptive limit it has no effect."},
 	{key: "EXEMPT", unit: "list", meaning: "Clients the route's limit never refuses, comma-separated: address prefixes (`10.0.0.0/8`, `2001:db8::/32`, or an address), matched against the client address as the per-client share reads it (`MDPROXY_TRUSTED_PROXIES`), and apikeys given as `sha256:` and the hex SHA-256 of the key (`printf %s KEY | sha256sum`), never the key. Their requests take no token and count as decision `exempt`."},
 }
 
@@ -242,7 +253,7 @@ type RouteLimitDefault struct {
 }
 
 // LimitSettings are the settings of a route's limit, the suffixes of its variables
-// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN, EXEMPT), in order.
+// (RATE, BURST, MAX_WAIT, CLIENT_LIMIT, CLIENT_WINDOW, DRY_RUN, EXEMPT, RATE_MIN), in order.
 func LimitSettings() []string { return append([]string(nil), limitSettings...) }
 
 // RouteLimitDefaults returns every route's default limit, in proxy.RouteNames' order:
@@ -254,7 +265,8 @@ func RouteLimitDefaults() []RouteLimitDefault {
 		l := DefaultLimits[route]
 		out = append(out, RouteLimitDefault{Route: route, Values: []string{
 			strconv.FormatFloat(l.Rate, 'g', -1, 64), strconv.Itoa(l.Burst), l.MaxWait.String(),
-			strconv.Itoa(l.ClientLimit), l.ClientWindow.String(), strconv.FormatBool(l.DryRun), l.Exempt}})
+			strconv.Itoa(l.ClientLimit), l.ClientWindow.String(), strconv.FormatBool(l.DryRun), l.Exempt,
+			strconv.FormatFloat(l.RateMin, 'g', -1, 64)}})
 	}
 	if len(out[0].Values) != len(limitSettings) {
 		panic(fmt.Sprintf("sidecar: RouteLimitDefaults gives %d values, a route has %d settings", len(out[0].Values), len(limitSettings)))
