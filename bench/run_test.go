@@ -27,7 +27,7 @@ import (
 // submission gets its result, fetches are counted, the figures are consistent.
 func TestRunScenarios(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs four emulated cases")
+		t.Skip("runs six emulated cases")
 	}
 	files, err := LoadOrGenerate(t.TempDir(), smallSpec)
 	if err != nil {
@@ -36,7 +36,7 @@ func TestRunScenarios(t *testing.T) {
 	// The limited cases at 1 a second (50 a real second at x50), so that each round
 	// of up to 30 fetches outruns the limit even when a loaded machine spreads it
 	// out: at Proxy-2 a loaded run refused none.
-	for _, name := range []string{"No-limit", "Rate-1", "Proxy-1", "Webhook", "Bridge"} {
+	for _, name := range []string{"No-limit", "Rate-1", "Proxy-1", "Webhook", "Bridge", "Adaptive"} {
 		t.Run(name, func(t *testing.T) {
 			sc, err := ParseScenario(name)
 			if err != nil {
@@ -225,6 +225,7 @@ func TestParseScenario(t *testing.T) {
 		{"No-limit", Scenario{Name: "No-limit"}, false},
 		{"Webhook", Scenario{Name: "Webhook", Webhook: true}, false},
 		{"Bridge", Scenario{Name: "Bridge", Bridge: true}, false},
+		{"Adaptive", Scenario{Name: "Adaptive", Adaptive: true}, false},
 		{"Rate-10", Scenario{Name: "Rate-10", CoreLimit: 10}, false},
 		{"Proxy-0.5", Scenario{Name: "Proxy-0.5", ProxyLimit: 0.5}, false},
 		{"Proxy-10x2", Scenario{Name: "Proxy-10x2", ProxyLimit: 10, Replicas: 2}, false},

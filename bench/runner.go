@@ -31,11 +31,14 @@ type Scenario struct {
 	// for the case (Proxy-NxR); 0: one mdproxy, its limits its own (no Redis).
 	Replicas int
 	Bridge   bool // mdproxy with its bridge on
+	// Adaptive is mdproxy with its bridge off and its adaptive limit on
+	// (MDPROXY_ADAPTIVE), file_result at its default rate as the ceiling: no rate chosen.
+	Adaptive bool
 	Webhook  bool
 }
 
 // proxied reports whether the case runs mdproxy.
-func (s Scenario) proxied() bool { return s.ProxyLimit > 0 || s.Bridge }
+func (s Scenario) proxied() bool { return s.ProxyLimit > 0 || s.Bridge || s.Adaptive }
 
 // ParseScenario reads a case name.
 func ParseScenario(name string) (Scenario, error) {
@@ -46,6 +49,8 @@ func ParseScenario(name string) (Scenario, error) {
 		s.Webhook = true
 	case name == "Bridge":
 		s.Bridge = true
+	case name == "Adaptive":
+		s.Adaptive = true
 	case strings.HasPrefix(name, "Rate-"), strings.HasPrefix(name, "Proxy-"):
 		kind, n, _ := strings.Cut(name, "-")
 		if kind == "Proxy" {
@@ -67,7 +72,7 @@ func ParseScenario(name string) (Scenario, error) {
 			s.ProxyLimit = v
 		}
 	default:
-		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N, Proxy-NxR, Webhook or Bridge", name)
+		return s, fmt.Errorf("scenario %q: want No-limit, Rate-N, Proxy-N, Proxy-NxR, Webhook, Bridge or Adaptive", name)
 	}
 	return s, nil
 }
@@ -230,6 +235,15 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 			if e.BridgeCallbackURL != "" {
 				environ["MDPROXY_BRIDGE_CALLBACK_URL"] = e.BridgeCallbackURL
 			}
+		} else if sc.Adaptive {
+			// mdproxy's defaults for file_result (10 a second, burst 20) as the
+			// ceiling, the adaptive limit reading Core every 5 s (virtual), scaled by
+			// the speed-up (at least 100 ms real); the bridge off, as in Proxy-N.
+			environ["MDPROXY_BRIDGE"] = "false"
+			environ["MDPROXY_FILE_RESULT_RATE"] = strconv.FormatFloat(bridgeFileResultRate*k, 'g', -1, 64)
+			environ["MDPROXY_FILE_RESULT_BURST"] = strconv.Itoa(bridgeFileResultBurst)
+			environ["MDPROXY_ADAPTIVE"] = "true"
+			environ["MDPROXY_ADAPTIVE_INTERVAL"] = max(time.Duration(float64(5*time.Second)/k), 100*time.Millisecond).String()
 		} else {
 			// The shape the emulator gives Core's own limit (coresim's FETCH_BURST
 			// and FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held

@@ -132,7 +132,7 @@ func fillQueue(core, key string) (stop func()) {
 // variable.
 func TestAdaptiveSettings(t *testing.T) {
 	for _, tc := range []struct{ name, value, variable string }{
-		{"MDPROXY_ADAPTIVE_INTERVAL", "500ms", "MDPROXY_ADAPTIVE_INTERVAL"},
+		{"MDPROXY_ADAPTIVE_INTERVAL", "50ms", "MDPROXY_ADAPTIVE_INTERVAL"},
 		{"MDPROXY_ADAPTIVE_INTERVAL", "11m", "MDPROXY_ADAPTIVE_INTERVAL"},
 		{"MDPROXY_ADAPTIVE_TARGET", "0", "MDPROXY_ADAPTIVE_TARGET"},
 		{"MDPROXY_ADAPTIVE_TARGET", "1.2", "MDPROXY_ADAPTIVE_TARGET"},

@@ -42,8 +42,8 @@ type Config struct {
 	// Adaptive turns on the adaptive limit: the rates of the routes with a rate follow
 	// Core's scan queue (package adaptive, docs/adaptive.md). Default false.
 	Adaptive bool `env:"ADAPTIVE" envDefault:"false"`
-	// AdaptiveInterval is how often the adaptive limit reads Core's /stat/nodes, 1s to
-	// 10m. Default 5s.
+	// AdaptiveInterval is how often the adaptive limit reads Core's /stat/nodes, 100ms
+	// to 10m. Default 5s.
 	AdaptiveInterval time.Duration `env:"ADAPTIVE_INTERVAL" envDefault:"5s"`
 	// AdaptiveTarget is the share of Core's scan queue in use above which the rates
 	// fall, above 0 and at most 1. Default 0.8.
@@ -305,7 +305,7 @@ const maxClientKeys = 10_000_000
 var configWants = map[string]string{
 	"LIMIT_STATUS":             "want 503 or 429",
 	"ADAPTIVE":                 "want true or false; true is not yet possible with MDPROXY_REDIS_URL (each replica's buckets are its own only without Redis)",
-	"ADAPTIVE_INTERVAL":        "want a duration with its unit from 1s to 10m (e.g. 5s)",
+	"ADAPTIVE_INTERVAL":        "want a duration with its unit from 100ms to 10m (e.g. 5s)",
 	"ADAPTIVE_TARGET":          "want a share of Core's scan queue above 0, at most 1 (e.g. 0.8)",
 	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
 	"UPSTREAM_CHECK_INTERVAL":  "want a duration with its unit >= 0, at most 24h (e.g. 10s); 0 = no check",
@@ -363,7 +363,7 @@ func (c *Config) validate(environ map[string]string) error {
 	if c.Adaptive && c.RedisURL != "" {
 		bad("ADAPTIVE", configWants["ADAPTIVE"])
 	}
-	if c.AdaptiveInterval < time.Second || c.AdaptiveInterval > 10*time.Minute {
+	if c.AdaptiveInterval < 100*time.Millisecond || c.AdaptiveInterval > 10*time.Minute {
 		bad("ADAPTIVE_INTERVAL", configWants["ADAPTIVE_INTERVAL"])
 	}
 	if !(c.AdaptiveTarget > 0 && c.AdaptiveTarget <= 1) {
