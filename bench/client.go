@@ -42,6 +42,11 @@ type Workload struct {
 	// no fetch is made (the Webhook case); Callbacks must receive the results.
 	CallbackURL string
 	Callbacks   *Receiver
+	// BurstTurns, when above 0, makes the submissions come in bursts: after every
+	// BurstTurns turns the client pauses BurstGap (virtual) before the next turn, so
+	// that Core is saturated by each burst and idle in some gaps (BurstyWorkload).
+	BurstTurns int
+	BurstGap   time.Duration
 	// Deadline bounds the whole run in virtual time (0: 6 hours).
 	Deadline time.Duration
 	// Progress, if not nil, is called about twice a second with the counts so far.
@@ -179,7 +184,7 @@ func (w Workload) RunSpread(ctx context.Context, baseURLs []string, files []Data
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := c.submitAll(ctx, files, real(w.TurnInterval)); err != nil {
+		if err := c.submitAll(ctx, files, real(w.TurnInterval), real(w.BurstGap)); err != nil {
 			errc <- err
 			cancel()
 		}
@@ -294,11 +299,11 @@ func (c *runState) callback(body []byte) {
 
 // submitAll sends the turns. A submission refused with 503 (queue full) is sent again in
 // the next turn; one that cannot reach Core stops the run.
-func (c *runState) submitAll(ctx context.Context, files []DataFile, interval time.Duration) error {
+func (c *runState) submitAll(ctx context.Context, files []DataFile, interval, gap time.Duration) error {
 	next := 0
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for int(c.submitted.Load()) < c.w.Submissions {
+	for turn := 1; int(c.submitted.Load()) < c.w.Submissions; turn++ {
 		n := min(c.w.TurnSize, c.w.Submissions-int(c.submitted.Load()))
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
@@ -325,6 +330,14 @@ func (c *runState) submitAll(ctx context.Context, files []DataFile, interval tim
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+		if c.w.BurstTurns > 0 && turn%c.w.BurstTurns == 0 && int(c.submitted.Load()) < c.w.Submissions {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(gap):
+			}
+			t.Reset(interval)
 		}
 	}
 	return nil
@@ -501,6 +514,16 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		deliver(body)
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// BurstyWorkload is SeedWorkload's client and files with its submissions in bursts:
+// turns of 40 a second for 10 seconds (400 files, about 5.5 minutes of scanning for the
+// emulator's 8 cores), then 6 minutes without any: Core saturated after each burst and
+// idle for a while before the next, where the seed's steady turns keep it busy
+// throughout.
+var BurstyWorkload = Workload{
+	Submissions: 2000, TurnSize: 40, TurnInterval: time.Second, BurstTurns: 10, BurstGap: 6 * time.Minute,
+	FetchInterval: 5 * time.Second, FetchConcurrency: 120,
 }
 
 // SeedWorkload is the published benchmark's client: 2000 submissions in turns of 10,

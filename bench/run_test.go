@@ -586,3 +586,25 @@ func TestCheckQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestBurstyWorkload: with BurstTurns, the submissions come in bursts with BurstGap
+// (virtual) between them: 30 submissions in bursts of 10 with 60 s gaps keep Core
+// working for at least the two gaps, where steady turns would take seconds.
+func TestBurstyWorkload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an emulated case")
+	}
+	files, err := LoadOrGenerate(t.TempDir(), smallSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := testWorkload(30)
+	w.TurnSize, w.BurstTurns, w.BurstGap = 5, 2, time.Minute
+	f, err := RunScenario(context.Background(), testEnv(), Scenario{Name: "No-limit"}, w, files)
+	if err != nil {
+		t.Fatalf("RunScenario(bursty) = %v", err)
+	}
+	if f.Submissions != 30 || f.DurationMin < 2 {
+		t.Errorf("bursty run: %d submissions over %.2f min, want 30 over at least the two 1-minute gaps", f.Submissions, f.DurationMin)
+	}
+}

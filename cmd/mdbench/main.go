@@ -62,6 +62,7 @@ type usageError struct{ error }
 type options struct {
 	scenarios    string
 	quick        bool
+	workload     string
 	coreURL      string
 	apiKey       string
 	callbackAddr string
@@ -97,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	cache, _ := os.UserCacheDir()
 	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Proxy-NxR (R replicas of mdproxy sharing Proxy-N's limit on a Redis; needs redis-server; not in the default list), Webhook, Bridge")
+	fs.StringVar(&o.workload, "workload", "steady", "the client's submissions: steady (the seed's turns of 10 a second) or bursty (bursts of 400 files in 10 s, 6 minutes apart; docs/mdbench.md)")
 	fs.BoolVar(&o.quick, "quick", false, "small data set (200 submissions of 40 files) at a high speed-up: about a minute")
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
 	fs.StringVar(&o.apiKey, "apikey", "", "apikey header for a real Core")
@@ -240,6 +242,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	spec := bench.SeedData
 	work := bench.SeedWorkload
+	switch o.workload {
+	case "steady":
+	case "bursty":
+		work = bench.BurstyWorkload
+	default:
+		return usageError{fmt.Errorf("-workload %q: want steady or bursty", o.workload)}
+	}
 	simCfg, err := coresim.LoadConfig(environ)
 	if err != nil {
 		return usageError{err}
