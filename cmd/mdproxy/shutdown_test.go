@@ -87,8 +87,9 @@ func checkPoll(t *testing.T, p *proc, up *sidecartest.Upstream, path, when strin
 	}
 }
 
-// awaitRefused fails t unless a new connection to the proxy's port is refused within
-// the safety bound, while the process still runs. The listener closes right after the
+// awaitRefused fails t unless a new connection to the proxy's port is refused (or reset,
+// meeting the listener as it closes) within the safety bound, while the process still
+// runs. The listener closes right after the
 // "draining" line is logged, so a connection may still be accepted just before.
 func awaitRefused(t *testing.T, p *proc) {
 	t.Helper()
@@ -98,7 +99,9 @@ func awaitRefused(t *testing.T, p *proc) {
 			t.Fatalf("mdproxy exited before its in-flight requests finished: %v; stderr:\n%s", p.Err(), p.logs.String())
 		}
 		c, err := net.DialTimeout("tcp", p.proxyAddr, safety)
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
+			// Refused once the listener is closed; reset when the dial met it closing
+			// (a connection in its accept queue is reset as it closes).
 			return
 		}
 		if err != nil {
