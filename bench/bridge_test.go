@@ -90,4 +90,7 @@ func TestBridgeDefaults(t *testing.T) {
 	if !cfg.Bridge || cfg.BridgeRefresh != bridgeRefresh {
 		t.Errorf("sidecar's defaults: bridge %t, refresh %v; the Bridge case scales a refresh of %v with the bridge on", cfg.Bridge, cfg.BridgeRefresh, bridgeRefresh)
 	}
+	if cfg.AdaptiveTarget != adaptiveTarget {
+		t.Errorf("sidecar's default MDPROXY_ADAPTIVE_TARGET is %v, the watch counts the time over %v", cfg.AdaptiveTarget, adaptiveTarget)
+	}
 }

@@ -66,3 +66,33 @@ func optText(v *float64, format string) string {
 	}
 	return fmt.Sprintf(format, *v)
 }
+
+// CheckAdaptive verifies issue 32's acceptance on one workload's figures: no case with a
+// fixed rate (Rate-N, Core's own limit; Proxy-N, mdproxy's) is at least as good as
+// Adaptive on both Core's duration (DurationMin) and the time the client holds its last
+// result (AllResultsMin). It fails without an Adaptive case or a fixed-rate one.
+func CheckAdaptive(figs []Figures) error {
+	var adaptive *Figures
+	var fixed []Figures
+	for i, f := range figs {
+		sc, err := ParseScenario(f.Case)
+		switch {
+		case err != nil:
+		case sc.Adaptive:
+			adaptive = &figs[i]
+		case (sc.CoreLimit > 0 || sc.ProxyLimit > 0) && !sc.Bridge:
+			fixed = append(fixed, f)
+		}
+	}
+	if adaptive == nil || len(fixed) == 0 {
+		return errors.New("no Adaptive case beside a fixed-rate one (Rate-N, Proxy-N) to compare")
+	}
+	var errs []error
+	for _, f := range fixed {
+		if f.DurationMin <= adaptive.DurationMin && f.AllResultsMin <= adaptive.AllResultsMin {
+			errs = append(errs, fmt.Errorf("%s is as good as Adaptive on both: Core %.2f min against %.2f, last result %.2f min against %.2f",
+				f.Case, f.DurationMin, adaptive.DurationMin, f.AllResultsMin, adaptive.AllResultsMin))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -42,11 +42,19 @@ type Workload struct {
 	// no fetch is made (the Webhook case); Callbacks must receive the results.
 	CallbackURL string
 	Callbacks   *Receiver
-	// BurstTurns, when above 0, makes the submissions come in bursts: after every
-	// BurstTurns turns the client pauses BurstGap (virtual) before the next turn, so
-	// that Core is saturated by each burst and idle in some gaps (BurstyWorkload).
-	BurstTurns int
-	BurstGap   time.Duration
+	// BurstSize, when above 0, makes the submissions come in bursts: once BurstSize
+	// more files are accepted the client pauses BurstGap (virtual) before the next turn
+	// (BurstyWorkload).
+	BurstSize int
+	BurstGap  time.Duration
+	// CoreQueue is the scan queue, in files, of the Core the workload is meant for
+	// (Core's max_queue_per_agent): mdbench gives the emulator this CORESIM_QUEUE_SIZE
+	// unless that is set. 0: the emulator's, 4000 as in the published benchmark.
+	CoreQueue int
+	// ExpectContinue sends each submission with "Expect: 100-continue" (RFC 9110,
+	// section 10.1.1), so that one Core refuses with its queue full is answered before
+	// its body is sent.
+	ExpectContinue bool
 	// Deadline bounds the whole run in virtual time (0: 6 hours).
 	Deadline time.Duration
 	// Progress, if not nil, is called about twice a second with the counts so far.
@@ -166,6 +174,9 @@ func (w Workload) RunSpread(ctx context.Context, baseURLs []string, files []Data
 		MaxConnsPerHost:     w.FetchConcurrency + w.TurnSize,
 		IdleConnTimeout:     90 * time.Second,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+	}
+	if w.ExpectContinue {
+		tr.ExpectContinueTimeout = time.Second
 	}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
@@ -303,8 +314,12 @@ func (c *runState) submitAll(ctx context.Context, files []DataFile, interval, ga
 	next := 0
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for turn := 1; int(c.submitted.Load()) < c.w.Submissions; turn++ {
-		n := min(c.w.TurnSize, c.w.Submissions-int(c.submitted.Load()))
+	burstEnd := c.w.Submissions // the submissions accepted when the burst under way ends
+	if c.w.BurstSize > 0 {
+		burstEnd = min(c.w.BurstSize, c.w.Submissions)
+	}
+	for int(c.submitted.Load()) < c.w.Submissions {
+		n := min(c.w.TurnSize, burstEnd-int(c.submitted.Load()))
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for range n {
@@ -331,7 +346,8 @@ func (c *runState) submitAll(ctx context.Context, files []DataFile, interval, ga
 			return nil
 		case <-t.C:
 		}
-		if c.w.BurstTurns > 0 && turn%c.w.BurstTurns == 0 && int(c.submitted.Load()) < c.w.Submissions {
+		if done := int(c.submitted.Load()); done >= burstEnd && done < c.w.Submissions {
+			burstEnd = min(burstEnd+c.w.BurstSize, c.w.Submissions)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -357,6 +373,9 @@ func (c *runState) submit(ctx context.Context, base string, f DataFile) error {
 	req.ContentLength = f.Size
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("filename", f.Name)
+	if c.w.ExpectContinue {
+		req.Header.Set("Expect", "100-continue")
+	}
 	if c.w.APIKey != "" {
 		req.Header.Set("apikey", c.w.APIKey)
 	}
@@ -516,14 +535,31 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// BurstyWorkload is SeedWorkload's client and files with its submissions in bursts:
-// turns of 40 a second for 10 seconds (400 files, about 5.5 minutes of scanning for the
-// emulator's 8 cores), then 6 minutes without any: Core saturated after each burst and
-// idle for a while before the next, where the seed's steady turns keep it busy
-// throughout.
+// BurstyWorkload is SeedWorkload's client and files with its submissions in two bursts
+// of 1000, 8 minutes apart, against a Core whose scan queue holds 250 files: the seed's
+// turns of 10 a second fill the queue in half a minute, then Core refuses most of each
+// turn ("Server is too busy", sent again the next turn) for about ten minutes while it
+// scans a file every 0.8 s, its queue above 80% of its slots throughout; the queue then
+// drains and Core idles until the next burst. Submissions ask "Expect: 100-continue",
+// so that a refused one sends no body.
 var BurstyWorkload = Workload{
-	Submissions: 2000, TurnSize: 40, TurnInterval: time.Second, BurstTurns: 10, BurstGap: 6 * time.Minute,
+	Submissions: 2000, TurnSize: 10, TurnInterval: time.Second,
+	BurstSize: 1000, BurstGap: 8 * time.Minute, CoreQueue: 250, ExpectContinue: true,
 	FetchInterval: 5 * time.Second, FetchConcurrency: 120,
+}
+
+// Scaled returns w with n submissions, its bursts and its Core's scan queue in
+// proportion (at least 1 file each), for runs smaller than the workload's own.
+func (w Workload) Scaled(n int) Workload {
+	scale := func(v int) int {
+		if v <= 0 {
+			return v
+		}
+		return max(v*n/w.Submissions, 1)
+	}
+	w.BurstSize, w.CoreQueue = scale(w.BurstSize), scale(w.CoreQueue)
+	w.Submissions = n
+	return w
 }
 
 // SeedWorkload is the published benchmark's client: 2000 submissions in turns of 10,

@@ -61,3 +61,6 @@ func steady(i int) SoakSample {
 	return SoakSample{RSSBytes: 17 << 20, HeapInuseBytes: float64(4<<20 + (i%3)<<19),
 		Goroutines: float64(40 + i%4), OpenFDs: float64(28 + i%3)}
 }
+
+// ptr returns a pointer to v, for the optional figures.
+func ptr(v float64) *float64 { return &v }

@@ -45,6 +45,16 @@ type Figures struct {
 	// submissions: 0 for Webhook. Counted at the emulator; with a real Core, the
 	// client's own fetches when no mdproxy stands between, else nil (not counted).
 	CoreFetchesPerFile *float64 `json:"core_fetches_per_file"`
+	// PeakQueueShare is the emulated Core's scan queue at its longest, as a share of its
+	// size (CORESIM_QUEUE_SIZE), and QueueOverTargetMin the minutes (virtual) it spent
+	// above 0.8 of it, mdproxy's default MDPROXY_ADAPTIVE_TARGET; nil with a real Core.
+	PeakQueueShare     *float64 `json:"peak_queue_share,omitempty"`
+	QueueOverTargetMin *float64 `json:"queue_over_target_min,omitempty"`
+	// AdaptiveRateMean is, in the Adaptive case, file_result's mean rate in force in
+	// mdproxy, in requests per virtual second, and AdaptiveBelowCeilingMin the minutes
+	// (virtual) it spent under its configured rate; nil in other cases.
+	AdaptiveRateMean        *float64 `json:"adaptive_rate_mean_per_s,omitempty"`
+	AdaptiveBelowCeilingMin *float64 `json:"adaptive_below_ceiling_min,omitempty"`
 	// VerdictsVsNoLimit compares Verdicts with the No-limit case's of the same run
 	// (CompareVerdicts): "identical (N files)" or which files differ. Empty when the
 	// run has no No-limit case.
@@ -302,8 +312,8 @@ func publishedFor(pub map[string]Published, name string) (Published, bool) {
 // published value and the ratio ours/published (for a Proxy-N or Proxy-NxR case,
 // against Rate-N).
 func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
-	fmt.Fprintln(w, "| case | duration_min | published | ratio | processed_files_per_hour | published | ratio | fetch_requests_per_s | published | ratio | fetch_error_rate_pct | published | diff (points) | offered_fetch_per_s | all_results_min | result_latency_p50_s | result_latency_p95_s | core_fetches_per_file |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| case | duration_min | published | ratio | processed_files_per_hour | published | ratio | fetch_requests_per_s | published | ratio | fetch_error_rate_pct | published | diff (points) | offered_fetch_per_s | all_results_min | result_latency_p50_s | result_latency_p95_s | core_fetches_per_file | peak_queue_share | queue_over_target_min | adaptive_rate_mean_per_s | adaptive_below_ceiling_min |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, f := range figs {
 		p, ok := publishedFor(pub, f.Case)
 		cell := func(v float64, format string) string { return fmt.Sprintf(format, v) }
@@ -332,13 +342,14 @@ func WriteTable(w io.Writer, figs []Figures, pub map[string]Published) {
 		if f.FetchErrorRatePct != nil && pe != nil {
 			er = fmt.Sprintf("%+.1f", *f.FetchErrorRatePct-*pe)
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s |\n",
+		fmt.Fprintf(w, "| %s | %.1f | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s |\n",
 			f.Case, f.DurationMin, pd, ratio(f.DurationMin, p.DurationMin),
 			f.ProcessedFilesPerHour, pp, ratio(f.ProcessedFilesPerHour, p.ProcessedFilesPerHour),
 			opt(f.FetchRequestsPerS, "%.3f"), opt(pf, "%.3f"), fr,
 			opt(f.FetchErrorRatePct, "%.2f"), opt(pe, "%.2f"), er,
 			opt(f.OfferedFetchPerS, "%.1f"), f.AllResultsMin, f.ResultLatencyP50S, f.ResultLatencyP95S,
-			opt(f.CoreFetchesPerFile, "%.3f"))
+			opt(f.CoreFetchesPerFile, "%.3f"), opt(f.PeakQueueShare, "%.2f"), opt(f.QueueOverTargetMin, "%.1f"),
+			opt(f.AdaptiveRateMean, "%.2f"), opt(f.AdaptiveBelowCeilingMin, "%.1f"))
 	}
 }
 

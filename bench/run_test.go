@@ -58,6 +58,12 @@ func TestRunScenarios(t *testing.T) {
 			if f.CoreFetchesPerFile == nil {
 				t.Fatalf("%s: no core_fetches_per_file, want the emulator's count", name)
 			}
+			if q := f.PeakQueueShare; q == nil || *q < 0 || *q > 1 || f.QueueOverTargetMin == nil {
+				t.Errorf("%s: peak queue share %s, time over the target %s: want the watch's figures, the share within [0, 1]", name, optText(q, "%.3f"), optText(f.QueueOverTargetMin, "%.2f"))
+			}
+			if name != "Adaptive" && f.AdaptiveRateMean != nil {
+				t.Errorf("%s: an adaptive rate %.3f, want none outside the Adaptive case", name, *f.AdaptiveRateMean)
+			}
 			if len(f.Verdicts) != len(files) || len(f.VerdictsMixed) != 0 {
 				t.Errorf("%s: verdicts of %d files (%d mixed), want one for each of the %d files", name, len(f.Verdicts), len(f.VerdictsMixed), len(files))
 			}
@@ -90,6 +96,10 @@ func TestRunScenarios(t *testing.T) {
 				// and burst 20, 30 files may be fetched without a refusal.
 				if f.FetchRequestsPerS == nil || *f.FetchRequestsPerS <= 0 || f.FetchErrorRatePct == nil {
 					t.Errorf("Adaptive: fetch figures %+v, want accepted fetches", f)
+				}
+				// The watch read mdproxy's rate in force: within its floor and ceiling.
+				if r := f.AdaptiveRateMean; r == nil || *r < bridgeFileResultRate/10.0*0.99 || *r > bridgeFileResultRate*1.01 {
+					t.Errorf("Adaptive: mean rate in force %s a virtual second, want between 1 and %d", optText(r, "%.3f"), bridgeFileResultRate)
 				}
 			default:
 				if f.FetchErrorRatePct == nil || *f.FetchErrorRatePct <= 0 || *f.FetchRequestsPerS <= 0 {
@@ -421,6 +431,8 @@ func TestReport(t *testing.T) {
 		{Case: "Proxy-10", DurationMin: 28.6, ProcessedFilesPerHour: 270000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10},
 		{Case: "Webhook", DurationMin: 26.9, ProcessedFilesPerHour: 292389, Submissions: 10, CoreFetchesPerFile: &zero},
 		{Case: "Bridge", DurationMin: 27.0, ProcessedFilesPerHour: 290000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10, CoreFetchesPerFile: &zero},
+		{Case: "Adaptive", DurationMin: 28.0, ProcessedFilesPerHour: 280000, FetchRequestsPerS: &one, FetchErrorRatePct: &zero, OfferedFetchPerS: &one, Submissions: 10,
+			PeakQueueShare: ptr(0.95), QueueOverTargetMin: ptr(12.5), AdaptiveRateMean: ptr(4.2), AdaptiveBelowCeilingMin: ptr(11.0)},
 	}
 	pub := SeedTable()
 	p, err := LoadPublished(filepath.Join("testdata", "published.csv"))
@@ -433,7 +445,9 @@ func TestReport(t *testing.T) {
 	var b bytes.Buffer
 	WriteTable(&b, figs, pub)
 	out := b.String()
-	for _, want := range []string{"| case | duration_min |", "| core_fetches_per_file |\n", "| No-limit | 45.0 | 45.2 | 1.00 |", "| Proxy-10 | 28.6 | 28.6 | 1.00 |", "| Webhook | 26.9 | 26.9 | 1.00 |", "| 0.000 |\n", "| Bridge | 27.0 |  |  |"} {
+	for _, want := range []string{"| case | duration_min |", "| core_fetches_per_file | peak_queue_share | queue_over_target_min | adaptive_rate_mean_per_s | adaptive_below_ceiling_min |\n",
+		"| No-limit | 45.0 | 45.2 | 1.00 |", "| Proxy-10 | 28.6 | 28.6 | 1.00 |", "| Webhook | 26.9 | 26.9 | 1.00 |", "| 0.000 |  |  |  |  |\n", "| Bridge | 27.0 |  |  |",
+		"| Adaptive | 28.0 |", "| 0.95 | 12.5 | 4.20 | 11.0 |\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("WriteTable output lacks %q:\n%s", want, out)
 		}
@@ -593,9 +607,11 @@ func TestCheckQuick(t *testing.T) {
 	}
 }
 
-// TestBurstyWorkload: with BurstTurns, the submissions come in bursts with BurstGap
-// (virtual) between them: 30 submissions in bursts of 10 with 60 s gaps keep Core
-// working for at least the two gaps, where steady turns would take seconds.
+// TestBurstyWorkload: with BurstSize, the submissions come in bursts with BurstGap
+// (virtual) between them, and a submission Core refuses with its queue full is sent
+// again: 30 submissions in bursts of 10, 60 s apart, against one core and a scan queue
+// of 3 keep Core working for at least the two gaps, every one answered, the queue over
+// the adaptive target for a while.
 func TestBurstyWorkload(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an emulated case")
@@ -605,12 +621,56 @@ func TestBurstyWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := testWorkload(30)
-	w.TurnSize, w.BurstTurns, w.BurstGap = 5, 2, time.Minute
-	f, err := RunScenario(context.Background(), testEnv(), Scenario{Name: "No-limit"}, w, files)
+	w.TurnSize, w.BurstSize, w.BurstGap, w.ExpectContinue = 5, 10, time.Minute, true
+	env := testEnv()
+	env.Sim.Cores, env.Sim.QueueSize = 1, 3
+	f, err := RunScenario(context.Background(), env, Scenario{Name: "No-limit"}, w, files)
 	if err != nil {
 		t.Fatalf("RunScenario(bursty) = %v", err)
 	}
 	if f.Submissions != 30 || f.DurationMin < 2 {
 		t.Errorf("bursty run: %d submissions over %.2f min, want 30 over at least the two 1-minute gaps", f.Submissions, f.DurationMin)
+	}
+	if f.PeakQueueShare == nil || *f.PeakQueueShare != 1 || *f.QueueOverTargetMin <= 0 {
+		t.Errorf("bursty run against a queue of %d: peak share %s, %s min over the target; want a full queue, some time over it",
+			env.Sim.QueueSize, optText(f.PeakQueueShare, "%.2f"), optText(f.QueueOverTargetMin, "%.2f"))
+	}
+}
+
+// TestScaled: a workload run with fewer submissions keeps its bursts and Core's queue in
+// proportion.
+func TestScaled(t *testing.T) {
+	w := BurstyWorkload.Scaled(200)
+	if w.Submissions != 200 || w.BurstSize != BurstyWorkload.BurstSize/10 || w.CoreQueue != BurstyWorkload.CoreQueue/10 {
+		t.Errorf("BurstyWorkload.Scaled(200) = %d submissions, bursts of %d, queue %d; want 200, %d, %d",
+			w.Submissions, w.BurstSize, w.CoreQueue, BurstyWorkload.BurstSize/10, BurstyWorkload.CoreQueue/10)
+	}
+	if s := SeedWorkload.Scaled(3); s.BurstSize != 0 || s.CoreQueue != 0 {
+		t.Errorf("SeedWorkload.Scaled(3) = bursts of %d, queue %d; want neither", s.BurstSize, s.CoreQueue)
+	}
+}
+
+// TestCheckAdaptive: a fixed-rate case at least as good as Adaptive on both Core's
+// duration and the last result fails the check; better on one only does not.
+func TestCheckAdaptive(t *testing.T) {
+	fig := func(name string, core, last float64) Figures {
+		return Figures{Case: name, DurationMin: core, AllResultsMin: last}
+	}
+	adaptive := fig("Adaptive", 28, 29)
+	for _, tc := range []struct {
+		name string
+		figs []Figures
+		want string // "": holds
+	}{
+		{"better on one each", []Figures{fig("Rate-10", 28.5, 28.7), fig("Rate-1", 27.6, 51.6), adaptive}, ""},
+		{"a tie on both", []Figures{fig("Rate-10", 28, 29), adaptive}, "Rate-10 is as good as Adaptive on both"},
+		{"better on both", []Figures{fig("Proxy-20", 27.9, 28.9), fig("Rate-50", 36, 36), adaptive}, "Proxy-20 is as good"},
+		{"not fixed rates", []Figures{fig("Bridge", 27, 27), fig("Webhook", 27, 27), fig("No-limit", 27, 27), adaptive}, "no Adaptive case beside a fixed-rate one"},
+		{"no Adaptive", []Figures{fig("Rate-10", 28, 29)}, "no Adaptive case"},
+	} {
+		err := CheckAdaptive(tc.figs)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: CheckAdaptive = %v, want %q", tc.name, err, tc.want)
+		}
 	}
 }

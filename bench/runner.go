@@ -141,6 +141,9 @@ type started struct {
 	// corePolls returns the polls (GET /file/{data_id}) that reached the emulator;
 	// nil with a Core at CoreURL, where they are not counted.
 	corePolls func() int64
+	// watch samples the emulator's scan queue and, in the Adaptive case, mdproxy's
+	// file_result rate while the case runs; nil with a Core at CoreURL.
+	watch *watch
 }
 
 // Speedup is the virtual time per real second of the scenario's clock.
@@ -205,6 +208,7 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 		}
 		stops = append(stops, noErr(sim.Close))
 		st.corePolls = sim.Polls
+		st.watch = &watch{queueLen: sim.Sim.QueueLen, queueSize: cfg.QueueSize, speedup: k}
 		core = sim.URL
 	}
 	st.targets = []string{core}
@@ -244,6 +248,15 @@ func (e Env) start(ctx context.Context, sc Scenario) (*started, error) {
 			environ["MDPROXY_FILE_RESULT_BURST"] = strconv.Itoa(bridgeFileResultBurst)
 			environ["MDPROXY_ADAPTIVE"] = "true"
 			environ["MDPROXY_ADAPTIVE_INTERVAL"] = max(time.Duration(float64(5*time.Second)/k), 100*time.Millisecond).String()
+			if st.watch != nil {
+				// An admin listener whose /metrics the watch reads: the rate in force.
+				addr, err := freeLoopbackAddr()
+				if err != nil {
+					return fail(err)
+				}
+				environ["MDPROXY_ADMIN_ADDR"] = addr
+				st.watch.metricsURL, st.watch.ceiling = "http://"+addr+"/metrics", bridgeFileResultRate*k
+			}
 		} else {
 			// The shape the emulator gives Core's own limit (coresim's FETCH_BURST
 			// and FETCH_WAIT): N a second, a burst of 5, a fetch over the limit held
@@ -334,7 +347,9 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 		}
 		w.CallbackURL, w.Callbacks = st.receiver, st.recv
 	}
+	stopWatch := st.watch.start()
 	out, err := w.RunSpread(ctx, st.targets, files)
+	seen := stopWatch()
 	if err != nil {
 		return Figures{}, fmt.Errorf("%s: %w", sc.Name, err)
 	}
@@ -345,5 +360,7 @@ func RunScenario(ctx context.Context, env Env, sc Scenario, w Workload, files []
 	} else {
 		out.CorePolls = -1 // behind mdproxy, in front of a real Core: not counted
 	}
-	return Summarize(sc.Name, out, !sc.Webhook), nil
+	f := Summarize(sc.Name, out, !sc.Webhook)
+	st.watch.fill(&f, seen)
+	return f, nil
 }

@@ -33,6 +33,10 @@ type Sim struct {
 	cb *callbacks
 }
 
+// QueueLen returns the files waiting in the scan queue, as GET /stat/nodes gives them
+// (total_scan_queue). Safe for concurrent use.
+func (s *Sim) QueueLen() int { return s.model.QueueLen() }
+
 // scan is one submission.
 type scan struct {
 	id          string
