@@ -259,8 +259,10 @@ type Decision struct {
 	// ClientWindow/ClientLimit). 0 for the other outcomes.
 	RetryAfter time.Duration
 	// QuotaKnown reports whether Remaining and Full describe the route's bucket after
-	// this decision: true for a Bucket's decisions on a route with a Rate, false for a
-	// RedisBucket's (the bucket is in Redis) and for the other outcomes.
+	// this decision: true for the decisions of a Bucket, and of a RedisBucket in Redis
+	// that let a request through at once or refused it, on a route with a Rate; false
+	// for the others (a wait, a RedisBucket's client share refusing before the route's
+	// bucket is asked, a RedisBucket deciding in its fallback).
 	QuotaKnown bool
 	// Remaining is the tokens left in the route's bucket after this decision, rounded
 	// down, 0 to Burst.

@@ -338,7 +338,11 @@ func (b *RedisBucket) Acquire(ctx context.Context, client string) Decision {
 		if ctx.Err() != nil {
 			return Decision{Outcome: Canceled}
 		}
-		return b.fallback.Acquire(ctx, client)
+		// The replica's share decides: the fleet's bucket, which RateLimit describes, is
+		// not known.
+		d := b.fallback.Acquire(ctx, client)
+		d.QuotaKnown, d.Remaining, d.Full = false, 0, 0
+		return d
 	}
 	if rd.delay <= 0 {
 		return rd.d
@@ -389,15 +393,26 @@ func (b *RedisBucket) decide(ctx context.Context, client string) (redisDecision,
 		b.giveBack(ctx, client, false)
 		// retryAfter is when the request would be let in to wait; its token is free
 		// the waitTokens' intervals after that.
-		return redisDecision{d: b.refuse(Rejected, res.retryAfter+time.Duration(b.waitTokens)*interval)}, nil
+		return redisDecision{d: b.withQuota(b.refuse(Rejected, res.retryAfter+time.Duration(b.waitTokens)*interval), res)}, nil
 	}
 	// resetAfter is when the route's bucket is full again; the request's token is free
 	// Burst intervals before that.
 	delay := res.resetAfter - time.Duration(b.limit.Burst)*interval
 	if delay <= 0 || b.limit.DryRun {
-		return redisDecision{d: Decision{Outcome: Allowed}}, nil
+		return redisDecision{d: b.withQuota(Decision{Outcome: Allowed}, res)}, nil
 	}
 	return redisDecision{delay: delay}, nil
+}
+
+// withQuota returns d with the quota of the route's bucket in Redis as the script's
+// answer res gives it: Full its debt (reset after), Remaining the whole tokens of the
+// burst that debt leaves, as Bucket's quota counts them.
+func (b *RedisBucket) withQuota(d Decision, res gcraResult) Decision {
+	interval := time.Duration(b.global.interval) * time.Microsecond
+	d.QuotaKnown = true
+	d.Full = max(res.resetAfter, 0)
+	d.Remaining = int(max(time.Duration(b.limit.Burst)*interval-d.Full, 0) / interval)
+	return d
 }
 
 // runRoute runs the GCRA of the route's bucket with cost, passing and keeping the

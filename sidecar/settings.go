@@ -95,7 +95,7 @@ var settingDocs = []settingDoc{
 	{"CORE_APIKEY", "Route limits", "secret", "", "none",
 		"The apikey the adaptive limit reads Core's `/stat/nodes` with (Core gives its statistics to an apikey with the monitoring permission); never logged, redacted in `/config`."},
 	{"RATELIMIT_HEADERS", "Listeners and Core", "true or false", "", "",
-		"Add `RateLimit-Policy` and `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate, let through or refused: the route's policy (`q` its burst, `w` the seconds it takes to fill) and, where this replica's bucket decided (not on Redis), the tokens left (`r`) and the seconds until it is full (`t`)."},
+		"Add `RateLimit-Policy` and `RateLimit` (IETF draft-ietf-httpapi-ratelimit-headers-10) to the answers of routes with a rate, let through or refused: the route's policy (`q` its burst, `w` the seconds it takes to fill) and, where the bucket decided at once (in Redis too; not a wait, nor a replica's fallback share), the tokens left (`r`) and the seconds until it is full (`t`)."},
 	{"MAX_CONNECTIONS", "Listeners and Core", "connections", "", "",
 		"Most client connections the proxy port holds open at once (each holds memory); beyond it a new one waits in the kernel's backlog until one closes."},
 
