@@ -16,16 +16,19 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
-// Chart draws two bar charts, duration (minutes) and fetch error rate (%) per case, ours
-// beside the published value, into path (.png or .svg). A case without a figure (no
-// published row, as Bridge's; no fetch error rate) has no bar, rather than one of 0.
+// Chart draws three bar charts per case into path (.png or .svg): Core's duration
+// (minutes) and the fetch error rate (%), ours beside the published value, and the time
+// until the client held every result (minutes), which the seed did not publish. A case
+// without a figure (no published row, as Bridge's; no fetch error rate) has no bar,
+// rather than one of 0.
 func Chart(path string, figs []Figures, pub map[string]Published) error {
 	names := make([]string, len(figs))
 	durOurs, durPub := make([]*float64, len(figs)), make([]*float64, len(figs))
 	errOurs, errPub := make([]*float64, len(figs)), make([]*float64, len(figs))
+	last, none := make([]*float64, len(figs)), make([]*float64, len(figs))
 	for i, f := range figs {
 		names[i] = f.Case
-		durOurs[i], errOurs[i] = &f.DurationMin, f.FetchErrorRatePct
+		durOurs[i], errOurs[i], last[i] = &f.DurationMin, f.FetchErrorRatePct, &f.AllResultsMin
 		if p, ok := publishedFor(pub, f.Case); ok {
 			durPub[i], errPub[i] = &p.DurationMin, p.FetchErrorRatePct
 		}
@@ -38,7 +41,11 @@ func Chart(path string, figs []Figures, pub map[string]Published) error {
 	if err != nil {
 		return err
 	}
-	return writeStacked(path, vg.Length(80*len(names)+120), 9*vg.Inch, dur, errp)
+	lastp, err := barPlot("Time until the client holds every result", "minutes", names, last, none)
+	if err != nil {
+		return err
+	}
+	return writeStacked(path, vg.Length(80*len(names)+120), 13*vg.Inch, dur, errp, lastp)
 }
 
 // barPlot returns a bar chart of one figure per case, ours and the published one side by

@@ -74,6 +74,7 @@ type options struct {
 	seedCSV      string
 	jsonPath     string
 	chartPath    string
+	fromJSON     string
 	check        bool
 	concurrency  int
 	soak         time.Duration // 0: the benchmark's cases, no soak
@@ -111,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.seedCSV, "seed-csv", "", "a CSV of the published table, in the columns of bench/testdata/published.csv (default: the built-in table, bench/PUBLISHED.md)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the figures (a soak's samples and verdict) as JSON to this file")
 	fs.StringVar(&o.chartPath, "chart", "", "draw duration and error rate per case (a soak's series over time) to this .png or .svg file")
+	fs.StringVar(&o.fromJSON, "from-json", "", "run no case: read the figures of an earlier run from this file (written by --json), then print the table and the comparisons and draw --chart")
 	fs.BoolVar(&o.check, "check", false, "kept for scripts: the verdict is always given, and exits 1 unless No-limit is slower than Rate-1, Rate-1 is within 10% of Webhook, Bridge is within 5% of Webhook with no fetch error and at most 0.1 Core poll a submission, every case's verdicts are No-limit's and no submission was lost")
 	fs.IntVar(&o.concurrency, "fetch-concurrency", bench.SeedWorkload.FetchConcurrency, "fetches in flight at most (the client's connection pool)")
 	fs.DurationVar(&o.soak, "soak", 0, "run a soak of this duration instead of the cases (e.g. 30m): mdproxy's binary in front of an emulator under a steady mix of uploads and polls, its memory and goroutines read from its /metrics; exits 1 unless they stay flat")
@@ -225,6 +227,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if o.soak > 0 {
 		return runSoak(ctx, o, environ, stdout, stderr)
 	}
+	if o.fromJSON != "" {
+		return fromJSON(o, o.fromJSON, stdout, stderr)
+	}
 	var scenarios []bench.Scenario
 	for _, name := range strings.Split(o.scenarios, ",") {
 		sc, err := bench.ParseScenario(strings.TrimSpace(name))
@@ -288,7 +293,6 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return err
 	}
-	pub := o.pub
 
 	tty := isTerminal(stderr)
 	var figs []bench.Figures
@@ -312,32 +316,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		figs = append(figs, f)
 	}
 	fmt.Fprintf(stderr, "mdbench: %d cases in %v (speed-up %g)\n", len(figs), time.Since(start).Round(time.Second), env.Speedup())
-	bench.WriteTable(stdout, figs, pub)
-	for _, line := range bench.CompareAllVerdicts(figs) {
-		fmt.Fprintln(stderr, "mdbench:", line)
-	}
-	for _, line := range bench.CompareReplicas(figs) {
-		fmt.Fprintln(stderr, "mdbench:", line)
-	}
-	if slices.ContainsFunc(scenarios, func(sc bench.Scenario) bool { return sc.Adaptive }) {
-		// Issue 32's comparison, reported beside the verdict: it does not change the exit code.
-		if err := bench.CheckAdaptive(figs); err != nil {
-			fmt.Fprintln(stderr, "mdbench: adaptive:", strings.ReplaceAll(err.Error(), "\n", "; "))
-		} else {
-			fmt.Fprintln(stderr, "mdbench: adaptive: no fixed-rate case is as good as Adaptive on both Core's duration and the last result")
-		}
-	}
-
-	if o.jsonPath != "" {
-		b, _ := json.MarshalIndent(figs, "", "  ")
-		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if o.chartPath != "" {
-		if err := bench.Chart(o.chartPath, figs, pub); err != nil {
-			return err
-		}
+	if err := report(o, figs, stdout, stderr); err != nil {
+		return err
 	}
 	// The verdict is always given, as the last line: exit 1 when it does not hold.
 	line, err := verdict(figs, work.Submissions, loadBefore, cpus)
@@ -346,6 +326,54 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	}
 	fmt.Fprintln(stderr, "mdbench:", line)
 	return nil
+}
+
+// report prints figs as a table, the comparisons of verdicts, of replicas and of the
+// Adaptive case, and writes --json and --chart.
+func report(o *options, figs []bench.Figures, stdout, stderr io.Writer) error {
+	bench.WriteTable(stdout, figs, o.pub)
+	for _, line := range bench.CompareAllVerdicts(figs) {
+		fmt.Fprintln(stderr, "mdbench:", line)
+	}
+	for _, line := range bench.CompareReplicas(figs) {
+		fmt.Fprintln(stderr, "mdbench:", line)
+	}
+	if slices.ContainsFunc(figs, func(f bench.Figures) bool { return f.Case == "Adaptive" }) {
+		// Issue 32's comparison, reported beside the verdict: it does not change the exit code.
+		if err := bench.CheckAdaptive(figs); err != nil {
+			fmt.Fprintln(stderr, "mdbench: adaptive:", strings.ReplaceAll(err.Error(), "\n", "; "))
+		} else {
+			fmt.Fprintln(stderr, "mdbench: adaptive: no fixed-rate case is as good as Adaptive on both Core's duration and the last result")
+		}
+	}
+	if o.jsonPath != "" {
+		b, _ := json.MarshalIndent(figs, "", "  ")
+		if err := os.WriteFile(o.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.chartPath != "" {
+		if err := bench.Chart(o.chartPath, figs, o.pub); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fromJSON reports the figures of an earlier run, read from path (--from-json).
+func fromJSON(o *options, path string, stdout, stderr io.Writer) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var figs []bench.Figures
+	if err := json.Unmarshal(b, &figs); err != nil {
+		return fmt.Errorf("--from-json %s: %w", path, err)
+	}
+	if len(figs) == 0 {
+		return fmt.Errorf("--from-json %s: no figures", path)
+	}
+	return report(o, figs, stdout, stderr)
 }
 
 // startProxy returns how the Proxy-N, Proxy-NxR and Bridge cases start mdproxy (each

@@ -185,3 +185,29 @@ func TestBinary(t *testing.T) {
 		}
 	}
 }
+
+// TestFromJSON: --from-json runs no case and reports the figures of an earlier run, as
+// --json wrote them: the table, the Adaptive comparison, and the chart; a file that is
+// not figures is an error naming it.
+func TestFromJSON(t *testing.T) {
+	dir := t.TempDir()
+	figs := `[{"case":"Rate-10","duration_min":28.6,"all_results_min":28.7},{"case":"Adaptive","duration_min":28.3,"all_results_min":29.7,"adaptive_rate_mean_per_s":9.5}]`
+	in, chart := writeFile(t, dir, "figs.json", figs), filepath.Join(dir, "c.png")
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"--from-json", in, "--chart", chart}, map[string]string{}, &stdout, &stderr); err != nil {
+		t.Fatalf("mdbench --from-json = %v (%s)", err, stderr.String())
+	}
+	if out := stdout.String(); !strings.Contains(out, "| Rate-10 | 28.6 |") || !strings.Contains(out, "| 9.50 |  |\n") {
+		t.Errorf("--from-json table:\n%s\nwant Rate-10's row and Adaptive's rate", out)
+	}
+	if !strings.Contains(stderr.String(), "adaptive: no fixed-rate case is as good as Adaptive") {
+		t.Errorf("--from-json stderr %q, want the Adaptive comparison", stderr.String())
+	}
+	if st, err := os.Stat(chart); err != nil || st.Size() == 0 {
+		t.Errorf("--from-json --chart: %v, want the chart drawn", err)
+	}
+	bad := writeFile(t, dir, "bad.json", "not figures")
+	if err := run(context.Background(), []string{"--from-json", bad}, map[string]string{}, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "bad.json") {
+		t.Errorf("mdbench --from-json on a file of no figures = %v, want an error naming it", err)
+	}
+}
