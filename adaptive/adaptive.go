@@ -135,14 +135,18 @@ type Limits interface {
 // Recorder counts what the controller reads and does (metrics).
 type Recorder interface {
 	Occupied(occupancy float64)                    // each reading
-	Failed()                                       // each reading that failed
+	Failed()                                       // each step without a reading
+	Leading(lead bool)                             // each step: whether this replica read Core
 	Rate(route string, rate float64, atFloor bool) // each route's rate at each step (in a dry run, the rate it would set)
 	Adjusted(route, direction string)              // each change: up, down or reset
 }
 
 // Controller moves the rates of Limits' routes from Core's readings, by Next, towards
 // Target (0 to 1). In a dry run it computes and records the rates and puts none in
-// force. Its methods are called from one goroutine (Run).
+// force. With a Fleet, only the replica that leads reads Core and computes the rates;
+// the others put the rates it published in force, and a step without them (Redis
+// unreachable, no leader) counts as one without a reading. Its methods are called from
+// one goroutine (Run).
 type Controller struct {
 	Core     Core
 	Limits   Limits
@@ -150,60 +154,126 @@ type Controller struct {
 	Target   float64
 	DryRun   bool
 	Log      *slog.Logger
+	Fleet    *Fleet // nil: this replica's rates are its own
 
 	rates       map[string]float64 // the rate of each route as last set or computed
 	lastRefused float64
 	failures    int // readings failed in a row
 }
 
-// Step runs one interval: reads Core's statistics and moves each route's rate, or, when
-// they cannot be read, holds the rates, and returns them to their ceilings after
-// HoldIntervals failed readings in a row. The first failure of a run of them and the
-// reading after it are logged, once each.
+// errNoRates is a follower's step when no leader has published rates.
+var errNoRates = errors.New("no replica published the rates on Redis (no leader)")
+
+// Step runs one interval: reads Core's statistics and moves each route's rate (with a
+// Fleet, as the leader, or puts the leader's rates in force), or, without a reading,
+// holds the rates, and returns them to their ceilings after HoldIntervals steps without
+// one in a row. The first failure of a run of them and the reading after it are logged,
+// once each.
 func (c *Controller) Step(ctx context.Context) {
 	if c.rates == nil {
 		c.rates = map[string]float64{}
 	}
-	occupancy, err := c.Core.Occupancy(ctx)
 	refusedNow := c.Core.Refused()
-	refused := refusedNow > c.lastRefused
+	refused := int64(refusedNow - c.lastRefused)
 	c.lastRefused = refusedNow
 	routes := c.Limits.Routes()
+	lead := true
+	if c.Fleet != nil {
+		var others int64
+		var err error
+		if lead, others, err = c.Fleet.Lead(ctx); err != nil {
+			c.failed(routes, fmt.Errorf("Redis: %w", err))
+			return
+		}
+		c.Recorder.Leading(lead)
+		if !lead {
+			c.follow(ctx, routes, refused)
+			return
+		}
+		refused += others
+	} else {
+		c.Recorder.Leading(true)
+	}
+	occupancy, err := c.Core.Occupancy(ctx)
 	if err != nil {
-		c.failures++
-		c.Recorder.Failed()
-		if c.failures == 1 {
-			c.Log.Warn("adaptive limit: Core's statistics cannot be read; the rates hold, and return to the configured ones if this lasts",
-				"err", err.Error(), "hold_intervals", HoldIntervals)
-		}
-		if c.failures == HoldIntervals {
-			for _, r := range routes {
-				c.set(r, r.Ceiling, "reset")
-			}
-		}
+		c.failed(routes, err)
 		return
 	}
+	c.readAgain()
+	c.Recorder.Occupied(occupancy)
+	for _, r := range routes {
+		rate := c.rateOf(r)
+		c.move(r, rate, Next(r, rate, occupancy, c.Target, refused > 0))
+	}
+	if c.Fleet != nil {
+		if err := c.Fleet.Publish(ctx, c.rates, occupancy); err != nil {
+			c.Log.Warn("adaptive limit: the rates could not be published on Redis; the other replicas hold theirs", "err", err.Error())
+		}
+	}
+}
+
+// follow puts in force the rates the Fleet's leader published, reporting refused, the
+// 503s Core gave this replica since its last step.
+func (c *Controller) follow(ctx context.Context, routes []Route, refused int64) {
+	rates, occupancy, err := c.Fleet.Follow(ctx, refused)
+	if err == nil && rates == nil {
+		err = errNoRates
+	}
+	if err != nil {
+		c.failed(routes, err)
+		return
+	}
+	c.readAgain()
+	c.Recorder.Occupied(occupancy)
+	for _, r := range routes {
+		if next, ok := rates[r.Name]; ok { // else a route the leader does not limit yet: a reload under way
+			c.move(r, c.rateOf(r), min(max(next, r.Floor), r.Ceiling))
+		}
+	}
+}
+
+// failed records a step without a reading, for err.
+func (c *Controller) failed(routes []Route, err error) {
+	c.failures++
+	c.Recorder.Failed()
+	if c.failures == 1 {
+		c.Log.Warn("adaptive limit: Core's statistics cannot be read; the rates hold, and return to the configured ones if this lasts",
+			"err", err.Error(), "hold_intervals", HoldIntervals)
+	}
+	if c.failures == HoldIntervals {
+		for _, r := range routes {
+			c.set(r, r.Ceiling, "reset")
+		}
+	}
+}
+
+// readAgain ends a run of steps without a reading, saying so once.
+func (c *Controller) readAgain() {
 	if c.failures > 0 {
 		c.Log.Info("adaptive limit: Core's statistics read again", "failed_readings", c.failures)
 		c.failures = 0
 	}
-	c.Recorder.Occupied(occupancy)
-	for _, r := range routes {
-		rate, ok := c.rates[r.Name]
-		if !ok {
-			rate = r.Ceiling
-		}
-		rate = min(max(rate, r.Floor), r.Ceiling) // a reload may have moved the bounds
-		next := Next(r, rate, occupancy, c.Target, refused)
-		switch {
-		case next < rate:
-			c.set(r, next, "down")
-		case next > rate:
-			c.set(r, next, "up")
-		default:
-			c.rates[r.Name] = next
-			c.Recorder.Rate(r.Name, next, next <= r.Floor)
-		}
+}
+
+// rateOf returns r's rate as last set, within its bounds (a reload may have moved them).
+func (c *Controller) rateOf(r Route) float64 {
+	rate, ok := c.rates[r.Name]
+	if !ok {
+		rate = r.Ceiling
+	}
+	return min(max(rate, r.Floor), r.Ceiling)
+}
+
+// move sets r's rate from rate to next, counted by direction when it changes.
+func (c *Controller) move(r Route, rate, next float64) {
+	switch {
+	case next < rate:
+		c.set(r, next, "down")
+	case next > rate:
+		c.set(r, next, "up")
+	default:
+		c.rates[r.Name] = next
+		c.Recorder.Rate(r.Name, next, next <= r.Floor)
 	}
 }
 
@@ -216,13 +286,19 @@ func (c *Controller) set(r Route, rate float64, direction string) {
 	}
 }
 
-// Run calls Step every interval on clock until ctx ends.
+// Run calls Step every interval on clock until ctx ends; with a Fleet, it then gives up
+// the lease if it holds it, so that another replica leads at once.
 func (c *Controller) Run(ctx context.Context, clock clockwork.Clock, interval time.Duration) {
 	t := clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			if c.Fleet != nil {
+				if err := c.Fleet.Resign(context.WithoutCancel(ctx)); err != nil {
+					c.Log.Warn("adaptive limit: the lease on Redis could not be given up; it expires in three intervals", "err", err.Error())
+				}
+			}
 			return
 		case <-t.Chan():
 			sctx, cancel := context.WithTimeout(ctx, interval)

@@ -64,7 +64,10 @@ func (l *fakeLimits) Apply(_ string, rate float64) { l.applied = append(l.applie
 type fakeRecorder struct {
 	failed     int
 	directions []string
+	leading    []bool
 }
+
+func (r *fakeRecorder) Leading(lead bool) { r.leading = append(r.leading, lead) }
 
 func (r *fakeRecorder) Occupied(float64)           {}
 func (r *fakeRecorder) Failed()                    { r.failed++ }

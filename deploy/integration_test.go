@@ -107,8 +107,8 @@ func TestAgainstPrometheus(t *testing.T) {
 		"MDPROXY_FILE_RESULT_RATE": "300", "MDPROXY_FILE_RESULT_BURST": "50", "MDPROXY_FILE_RESULT_MAX_WAIT": "20ms",
 	}, child.Options{Ready: "mdproxy serving"})
 	proxyURL, proxyAdmin := "http://"+proxy.Field("listen"), proxy.Field("admin")
-	// A second mdproxy, without Redis, with the adaptive limit on (it is not yet
-	// possible with Redis), so that the dashboard's adaptive panels have data too.
+	// A second mdproxy, on its own (no Redis), with the adaptive limit on, so that the
+	// dashboard's adaptive panels have data too.
 	adaptive := bintest.Start(t, mdproxyBin, map[string]string{
 		"MDPROXY_LISTEN_ADDR": "127.0.0.1:0", "MDPROXY_ADMIN_ADDR": "127.0.0.1:0", "MDPROXY_BRIDGE_LISTEN_ADDR": "127.0.0.1:0",
 		"MDPROXY_UPSTREAM_URL": "http://" + core.Field("listen"),

@@ -246,13 +246,8 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 		return nil, err
 	}
 	b := &RedisBucket{r: r, route: route, limit: l, clock: clock, fallback: fallback, restores: r.restoreCountsOf(route)}
-	if l.Rate > 0 {
-		// A request may wait up to MaxWait for its token: GCRA admits it when the
-		// bucket would be full enough within MaxWait, which is a bucket larger by the
-		// tokens that MaxWait brings, the surplus being the request's wait.
-		b.waitTokens = int64(math.Floor(l.MaxWait.Seconds() * l.Rate))
-		b.global = routeRedisLimit(l.Rate, l.Burst, int(b.waitTokens))
-	}
+	rr := newRedisRate(l, l.Rate)
+	b.rated.Store(rr)
 	if l.ClientLimit > 0 {
 		b.client = clientRedisLimit(l.ClientLimit, l.window())
 		b.clients = newClientViews(newOptions(opts).clientKeysMax, clock)
@@ -262,7 +257,7 @@ func (r *Redis) bucket(route string, l Limit, clock clockwork.Clock, opts []Opti
 	// debt (after a limit of 0.001/s, up to 1000 s of refusals under a looser one);
 	// every replica with the same limit shares the same keys, and the old ones expire
 	// by their TTL.
-	b.routeKey = r.o.Prefix + "limit:" + route + ":" + b.global.tag()
+	b.routeKey = r.o.Prefix + "limit:" + route + ":" + rr.global.tag()
 	b.clientPre = r.o.Prefix + "client:" + route + ":" + b.client.tag() + ":"
 	return b, nil
 }
@@ -301,10 +296,9 @@ type RedisBucket struct {
 	fallback *Bucket // at the replica's share of limit
 	restores *restoreCounts
 
-	routeKey, clientPre string
-	global              redisLimit // zero when Rate == 0
+	routeKey, clientPre string // named after the configured limit
+	rated               atomic.Pointer[redisRate]
 	client              redisLimit // zero when ClientLimit == 0
-	waitTokens          int64      // the tokens MaxWait brings, floor(MaxWait*Rate)
 
 	view    viewCell     // the last view of the route's bucket's key
 	clients *clientViews // of the clients' keys; nil when ClientLimit == 0
@@ -312,8 +306,43 @@ type RedisBucket struct {
 
 var _ Limiter = (*RedisBucket)(nil)
 
-// Limit returns the route's configuration, Burst filled in (not the fallback's share).
-func (b *RedisBucket) Limit() Limit { return b.limit }
+// Limit returns the route's configuration, Burst filled in (not the fallback's share),
+// with the rate in force (SetRate).
+func (b *RedisBucket) Limit() Limit {
+	l := b.limit
+	l.Rate = b.rated.Load().rate
+	return l
+}
+
+// redisRate is the rate a RedisBucket's route's bucket runs at: the configured one or,
+// set by the adaptive limit (Set.SetRate), the one every replica of the fleet puts in
+// force. The key stays the configured limit's: a change keeps the time the bucket takes
+// to be full again, where a Bucket keeps the tokens it misses.
+type redisRate struct {
+	rate       float64
+	global     redisLimit // zero when rate == 0
+	waitTokens int64      // the tokens MaxWait brings, floor(MaxWait*rate)
+}
+
+// newRedisRate returns the bucket of l at rate (0: none). A request may wait up to
+// MaxWait for its token: GCRA admits it when the bucket would be full enough within
+// MaxWait, which is a bucket larger by the tokens that MaxWait brings, the surplus
+// being the request's wait.
+func newRedisRate(l Limit, rate float64) *redisRate {
+	rr := &redisRate{rate: rate}
+	if rate > 0 {
+		rr.waitTokens = int64(math.Floor(l.MaxWait.Seconds() * rate))
+		rr.global = routeRedisLimit(rate, l.Burst, int(rr.waitTokens))
+	}
+	return rr
+}
+
+// setRate puts rate (> 0) in force on the route's bucket in Redis and, at this replica's
+// share, on its fallback.
+func (b *RedisBucket) setRate(rate float64) {
+	b.rated.Store(newRedisRate(b.limit, rate))
+	b.fallback.setRate(rate / float64(max(b.r.o.Replicas, 1)))
+}
 
 // redisDecision is a decision taken in Redis: d, and for a request that must wait, its
 // wait.
@@ -383,42 +412,42 @@ func (b *RedisBucket) decide(ctx context.Context, client string) (redisDecision,
 	if b.limit.Rate == 0 {
 		return redisDecision{d: Decision{Outcome: Allowed}}, nil
 	}
-	res, err := b.runRoute(ctx, 1)
+	rr := b.rated.Load()
+	res, err := b.run(ctx, rr, 1)
 	if err != nil {
 		b.giveBack(ctx, client, false)
 		return redisDecision{}, err
 	}
-	interval := time.Duration(b.global.interval) * time.Microsecond
+	interval := time.Duration(rr.global.interval) * time.Microsecond
 	if !res.allowed {
 		b.giveBack(ctx, client, false)
 		// retryAfter is when the request would be let in to wait; its token is free
 		// the waitTokens' intervals after that.
-		return redisDecision{d: b.withQuota(b.refuse(Rejected, res.retryAfter+time.Duration(b.waitTokens)*interval), res)}, nil
+		return redisDecision{d: b.withQuota(b.refuse(Rejected, res.retryAfter+time.Duration(rr.waitTokens)*interval), interval, res)}, nil
 	}
 	// resetAfter is when the route's bucket is full again; the request's token is free
 	// Burst intervals before that.
 	delay := res.resetAfter - time.Duration(b.limit.Burst)*interval
 	if delay <= 0 || b.limit.DryRun {
-		return redisDecision{d: b.withQuota(Decision{Outcome: Allowed}, res)}, nil
+		return redisDecision{d: b.withQuota(Decision{Outcome: Allowed}, interval, res)}, nil
 	}
 	return redisDecision{delay: delay}, nil
 }
 
 // withQuota returns d with the quota of the route's bucket in Redis as the script's
-// answer res gives it: Full its debt (reset after), Remaining the whole tokens of the
-// burst that debt leaves, as Bucket's quota counts them.
-func (b *RedisBucket) withQuota(d Decision, res gcraResult) Decision {
-	interval := time.Duration(b.global.interval) * time.Microsecond
+// answer res gives it, for tokens of interval: Full its debt (reset after), Remaining
+// the whole tokens of the burst that debt leaves, as Bucket's quota counts them.
+func (b *RedisBucket) withQuota(d Decision, interval time.Duration, res gcraResult) Decision {
 	d.QuotaKnown = true
 	d.Full = max(res.resetAfter, 0)
 	d.Remaining = int(max(time.Duration(b.limit.Burst)*interval-d.Full, 0) / interval)
 	return d
 }
 
-// runRoute runs the GCRA of the route's bucket with cost, passing and keeping the
+// run runs the GCRA of the route's bucket at rr with cost, passing and keeping the
 // replica's view of its key.
-func (b *RedisBucket) runRoute(ctx context.Context, cost int) (gcraResult, error) {
-	res, err := runGCRA(ctx, b.r.rdb, b.routeKey, b.global, cost, b.view.load())
+func (b *RedisBucket) run(ctx context.Context, rr *redisRate, cost int) (gcraResult, error) {
+	res, err := runGCRA(ctx, b.r.rdb, b.routeKey, rr.global, cost, b.view.load())
 	if err != nil {
 		return res, err
 	}
@@ -465,7 +494,7 @@ func (b *RedisBucket) giveBack(ctx context.Context, client string, route bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.r.o.Timeout)
 	defer cancel()
 	if route {
-		_, _ = b.runRoute(ctx, -1)
+		_, _ = b.run(ctx, b.rated.Load(), -1)
 	}
 	if b.limit.ClientLimit > 0 {
 		_, _ = b.runClient(ctx, client, -1)

@@ -110,18 +110,30 @@ func (s *Set) Limiter(route string) Limiter {
 }
 
 // SetRate sets the rate of route's bucket to rate, in requests per second, clamped to
-// the route's Floor and its configured Rate, keeping the bucket's state (Bucket's
-// setRate). It returns an error when route has no rate, or its Limiter is not a Bucket
-// of this process (a RedisBucket: not supported). Safe for concurrent use; Update
-// builds the route's bucket anew at its configured rate when its Limit changed.
+// the route's Floor and its configured Rate, keeping the bucket's state: a Bucket keeps
+// the tokens it misses, a RedisBucket its shared bucket in Redis and the time it takes
+// to be full (every replica of a fleet puts the same rate in force). It returns an
+// error when route has no rate. Safe for concurrent use; Update builds the route's
+// bucket anew at its configured rate when its Limit changed.
 func (s *Set) SetRate(route string, rate float64) error {
-	b, ok := s.Limiter(route).(*Bucket)
-	if !ok || b == nil || !b.limited() {
-		return fmt.Errorf("route %s: no rate of a bucket of this process to set", route)
+	if s == nil {
+		return fmt.Errorf("route %s: no rate to set", route)
 	}
 	conf := s.limits[route].effective()
-	b.setRate(min(max(rate, conf.Floor()), conf.Rate))
-	return nil
+	rate = min(max(rate, conf.Floor()), conf.Rate)
+	switch b := s.Limiter(route).(type) {
+	case *Bucket:
+		if b != nil && b.limited() {
+			b.setRate(rate)
+			return nil
+		}
+	case *RedisBucket:
+		if b != nil && b.limit.Rate > 0 {
+			b.setRate(rate)
+			return nil
+		}
+	}
+	return fmt.Errorf("route %s: no rate to set", route)
 }
 
 // Configured returns route's Limit as given to NewSet or Update, as it acts (Burst

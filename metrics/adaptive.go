@@ -15,6 +15,7 @@ type Adaptive struct {
 	atFloor     *prometheus.GaugeVec
 	adjustments *prometheus.CounterVec
 	readErrors  prometheus.Counter
+	leader      prometheus.Gauge
 }
 
 // NewAdaptive creates the adaptive limit's collectors on reg, each direction's series
@@ -33,9 +34,11 @@ func NewAdaptive(reg prometheus.Registerer, routes []string) *Adaptive {
 			Help: "Changes of a route's rate by the adaptive limit, by direction (up, down, reset: back to the configured rate after Core's statistics could not be read)."},
 			[]string{"route", "direction"}),
 		readErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "adaptive_read_errors_total",
-			Help: "Readings of Core's GET /stat/nodes by the adaptive limit that failed (Core unreachable, 401/403, an answer that is not its JSON, a timeout)."}),
+			Help: "Steps of the adaptive limit without a reading: Core's GET /stat/nodes failed (Core unreachable, 401/403, an answer that is not its JSON, a timeout) or, with Redis, Redis could not be reached or no replica published the rates."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "adaptive_leader",
+			Help: "1 while this replica reads Core for the adaptive limit (always without Redis; with it, while it holds the lease), 0 while it puts the rates another replica published in force."}),
 	}
-	reg.MustRegister(a.occupancy, a.rate, a.atFloor, a.adjustments, a.readErrors)
+	reg.MustRegister(a.occupancy, a.rate, a.atFloor, a.adjustments, a.readErrors, a.leader)
 	for _, r := range routes {
 		a.atFloor.WithLabelValues(r)
 		for _, d := range Directions {
@@ -48,8 +51,17 @@ func NewAdaptive(reg prometheus.Registerer, routes []string) *Adaptive {
 // Occupied records a reading of Core's queue occupancy.
 func (a *Adaptive) Occupied(occupancy float64) { a.occupancy.Set(occupancy) }
 
-// Failed counts a reading that failed.
+// Failed counts a step without a reading.
 func (a *Adaptive) Failed() { a.readErrors.Inc() }
+
+// Leading records whether this replica read Core at the last step.
+func (a *Adaptive) Leading(lead bool) {
+	v := 0.0
+	if lead {
+		v = 1
+	}
+	a.leader.Set(v)
+}
 
 // Rate records route's rate, atFloor when it is the route's floor.
 func (a *Adaptive) Rate(route string, rate float64, atFloor bool) {

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -17,10 +18,11 @@ import (
 // startAdaptive starts the adaptive limit (MDPROXY_ADAPTIVE) of a running mdproxy: every
 // MDPROXY_ADAPTIVE_INTERVAL it reads Core's /stat/nodes with MDPROXY_CORE_APIKEY over
 // tr and sets the rate of each route with a rate between its floor and its configured
-// rate (adaptive.Controller), in live's Set, then shows the rates in force in h's
-// gauges. It returns stop, which ends it and waits for it.
-func startAdaptive(cfg *Config, reg *prometheus.Registry, tr http.RoundTripper, live *liveLimits, h *proxy.Proxy, log *slog.Logger) (stop func()) {
-	limits := adaptiveLimits{live: live, h: h}
+// rate (adaptive.Controller), in the Set in force, then shows the rates in force in h's
+// gauges. With Redis, the replicas on it hold one rate (adaptive.Fleet): one reads Core,
+// the others follow. It returns stop, which ends it and waits for it.
+func startAdaptive(cfg *Config, reg *prometheus.Registry, tr http.RoundTripper, rl *runLimits, h *proxy.Proxy, log *slog.Logger) (stop func()) {
+	limits := adaptiveLimits{live: rl.live, h: h}
 	c := &adaptive.Controller{
 		Core: adaptiveCore{
 			stats:    adaptive.Stats{Client: &http.Client{Transport: tr, Timeout: cfg.AdaptiveInterval}, URL: cfg.upstream.String(), APIKey: cfg.CoreAPIKey},
@@ -32,8 +34,11 @@ func startAdaptive(cfg *Config, reg *prometheus.Registry, tr http.RoundTripper, 
 		DryRun:   cfg.AdaptiveDryRun,
 		Log:      log,
 	}
+	if rl.rdb != nil {
+		c.Fleet = adaptive.NewFleet(rl.rdb, cfg.RedisPrefix, rand.Text(), cfg.AdaptiveInterval, cfg.RedisTimeout)
+	}
 	log.Info("adaptive limit on: the rates follow Core's scan queue", "interval", cfg.AdaptiveInterval.String(),
-		"target", cfg.AdaptiveTarget, "dry_run", cfg.AdaptiveDryRun, "routes", limits.names())
+		"target", cfg.AdaptiveTarget, "dry_run", cfg.AdaptiveDryRun, "routes", limits.names(), "fleet_on_redis", c.Fleet != nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

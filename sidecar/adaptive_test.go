@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mdproxy/mdproxy/coresim"
+	"github.com/mdproxy/mdproxy/internal/redistest"
 	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 )
@@ -139,7 +140,6 @@ func TestAdaptiveSettings(t *testing.T) {
 		{"MDPROXY_ADAPTIVE_TARGET", "NaN", "MDPROXY_ADAPTIVE_TARGET"},
 		{"MDPROXY_FILE_RESULT_RATE_MIN", "11", "MDPROXY_FILE_RESULT_RATE_MIN"}, // over the rate, 10
 		{"MDPROXY_FILE_RESULT_RATE_MIN", "-1", "MDPROXY_FILE_RESULT_RATE_MIN"},
-		{"MDPROXY_REDIS_URL", "redis://127.0.0.1:1/0", "MDPROXY_ADAPTIVE"}, // not yet with Redis
 	} {
 		_, err := LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:8008",
 			"MDPROXY_ADAPTIVE": "true", tc.name: tc.value})
@@ -148,7 +148,47 @@ func TestAdaptiveSettings(t *testing.T) {
 		}
 	}
 	if _, err := LoadConfig(map[string]string{"MDPROXY_UPSTREAM_URL": "http://127.0.0.1:8008", "MDPROXY_ADAPTIVE": "true",
-		"MDPROXY_FILE_RESULT_RATE_MIN": "0.5", "MDPROXY_ADAPTIVE_TARGET": "1"}); err != nil {
-		t.Errorf("LoadConfig(good adaptive settings) = %v", err)
+		"MDPROXY_FILE_RESULT_RATE_MIN": "0.5", "MDPROXY_ADAPTIVE_TARGET": "1", "MDPROXY_REDIS_URL": "redis://127.0.0.1:1/0"}); err != nil {
+		t.Errorf("LoadConfig(good adaptive settings, on Redis) = %v", err)
+	}
+}
+
+// TestAdaptiveReplicasOneRate: two replicas on one Redis in front of one Core hold one
+// rate: one leads (reads Core), the other follows, and file_result's rate in force falls
+// below its configured 10 on both while Core's queue is over the target, then returns to
+// 10 on both once it drained.
+func TestAdaptiveReplicasOneRate(t *testing.T) {
+	const key = "monitor-key"
+	core := startAdaptiveCore(t, key)
+	srv := redistest.Start(t)
+	environ := map[string]string{
+		"MDPROXY_ADAPTIVE": "true", "MDPROXY_ADAPTIVE_INTERVAL": "1s", "MDPROXY_CORE_APIKEY": key,
+		"MDPROXY_BRIDGE": "false", "MDPROXY_REDIS_URL": srv.URL(), "MDPROXY_REPLICAS": "2", "MDPROXY_REDIS_TIMEOUT": "1s",
+	}
+	reps := []*instance{startRun(t, core, environ), startRun(t, core, environ)}
+	const rate, leader = `mdproxy_limit_rate_requests_per_second{route="file_result"}`, "mdproxy_adaptive_leader"
+	leaders := func() float64 {
+		n := 0.0
+		for _, r := range reps {
+			v, _ := sidecartest.ScrapeMetrics(t, nil, r.adminURL+"/metrics").Value(leader)
+			n += v
+		}
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); leaders() != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas leading = %v 30 s after start, want 1", leaders())
+		}
+	}
+	stop := fillQueue(core, key)
+	for _, r := range reps { // the follower too: it reads no Core, it puts the leader's rate in force
+		waitMetric(t, r.adminURL, rate, func(v float64) bool { return v < 10 && v >= 1 })
+	}
+	stop()
+	if n := leaders(); n != 1 {
+		t.Errorf("replicas leading = %v, want 1", n)
+	}
+	for _, r := range reps {
+		waitMetric(t, r.adminURL, rate, func(v float64) bool { return v == 10 })
 	}
 }

@@ -304,7 +304,7 @@ const maxClientKeys = 10_000_000
 // less the prefix: the message of a value out of range and of one that does not parse.
 var configWants = map[string]string{
 	"LIMIT_STATUS":             "want 503 or 429",
-	"ADAPTIVE":                 "want true or false; true is not yet possible with MDPROXY_REDIS_URL (each replica's buckets are its own only without Redis)",
+	"ADAPTIVE":                 "want true or false",
 	"ADAPTIVE_INTERVAL":        "want a duration with its unit from 100ms to 10m (e.g. 5s)",
 	"ADAPTIVE_TARGET":          "want a share of Core's scan queue above 0, at most 1 (e.g. 0.8)",
 	"UPSTREAM_TIMEOUT":         "want a duration with its unit above 0, at most 24h (e.g. 60s)",
@@ -359,9 +359,6 @@ func (c *Config) validate(environ map[string]string) error {
 	}
 	if c.LimitStatus != 503 && c.LimitStatus != 429 {
 		bad("LIMIT_STATUS", configWants["LIMIT_STATUS"])
-	}
-	if c.Adaptive && c.RedisURL != "" {
-		bad("ADAPTIVE", configWants["ADAPTIVE"])
 	}
 	if c.AdaptiveInterval < 100*time.Millisecond || c.AdaptiveInterval > 10*time.Minute {
 		bad("ADAPTIVE_INTERVAL", configWants["ADAPTIVE_INTERVAL"])

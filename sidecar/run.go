@@ -96,7 +96,7 @@ func Run(ctx context.Context, environ map[string]string, logw io.Writer, started
 	}
 	defer newLimitsReloader(cfg, environ, log, m, limits.live, px.h).start(o.reloadSignals)()
 	if cfg.Adaptive {
-		defer startAdaptive(cfg, reg, px.tr, limits.live, px.h, log)()
+		defer startAdaptive(cfg, reg, px.tr, limits, px.h, log)()
 	}
 	if started != nil {
 		started(srv.pl.Addr(), srv.al.Addr())
