@@ -98,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache, _ := os.UserCacheDir()
-	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Proxy-NxR (R replicas of mdproxy sharing Proxy-N's limit on a Redis; needs redis-server; not in the default list), Webhook, Bridge")
+	fs.StringVar(&o.scenarios, "scenarios", strings.Join(bench.AllScenarios, ","), "comma-separated cases: No-limit, Rate-N, Proxy-N, Proxy-NxR (R replicas of mdproxy sharing Proxy-N's limit on a Redis; needs redis-server; not in the default list), Webhook, Bridge, Adaptive (mdproxy's adaptive limit; not in the default list)")
 	fs.StringVar(&o.workload, "workload", "steady", "the client's submissions: steady (the seed's turns of 10 a second) or bursty (two bursts of 1000 against a scan queue of 250, 8 minutes apart; docs/mdbench.md)")
 	fs.BoolVar(&o.quick, "quick", false, "small data set (200 submissions of 40 files) at a high speed-up: about a minute")
 	fs.StringVar(&o.coreURL, "core-url", "", "a real Core's URL (default: an emulator started for each case)")
