@@ -676,26 +676,26 @@ func TestStalledReaderOfCallbackAnswersCut(t *testing.T) {
 }
 
 // stallReader sends request to addr back to back on one connection and reads none of
-// the answers, then reads once p has counted no more of them (counter, summed over
-// its series) for 4 s, four times the body idle timeout the test gave p (the kernel's
-// bound of the proxy's own answers is twice it, counted from when the client's kernel
-// stops taking data, not from the proxy's last answer): a proxy that closed the
-// connection ends it at once, having answered only some of the requests; one still
-// blocked in a write resumes, and the connection stays open.
+// the answers, until p stops reading them (its writes blocked on the full socket
+// buffers, whatever their sizes), then reads once p has counted no more of them
+// (counter, summed over its series) for 4 s, four times the body idle timeout the test
+// gave p: a proxy that closed the connection ends it at once, having answered only some
+// of the requests; one still blocked in a write resumes, and the connection stays open.
 func stallReader(t *testing.T, p *proc, addr, request, counter string) {
 	t.Helper()
-	// More answers than the socket buffers hold (the proxy's send buffer grows to 4 MiB
-	// on Linux by default; each answer is over 100 bytes).
-	const requests = 60000
+	// Far more answers than any socket buffers hold (the proxy's send buffer grows to
+	// 4 MiB on Linux by default, a receive buffer to tcp_rmem's maximum; each answer is
+	// over 100 bytes): the writes stop when p stops reading, long before this.
+	const most = 2_000_000
 	c := dial(t, addr)
 	_ = c.SetReadBuffer(4096)
 	var sent atomic.Int64 // requests written
 	wrote := make(chan error, 1)
 	go func() {
 		batch := []byte(strings.Repeat(request, 100))
-		for sent.Load() < requests {
+		for sent.Load() < most {
 			if _, err := c.Write(batch); err != nil {
-				wrote <- err
+				wrote <- err // the connection cut, or closed below
 				return
 			}
 			sent.Add(100)
