@@ -653,6 +653,7 @@ func TestStalledReaderOfShortAnswersCut(t *testing.T) {
 		"MDPROXY_BRIDGE":            "false",
 		"MDPROXY_FILE_RESULT_RATE":  "1",
 		"MDPROXY_FILE_RESULT_BURST": "1",
+		"MDPROXY_PPROF":             "true", // the goroutines, should it fail
 	})
 	for _, tc := range []struct{ name, request string }{
 		{"limit answer", "GET /file/0123456789abcdef HTTP/1.1\r\nHost: x\r\n\r\n"},
@@ -710,15 +711,35 @@ func stallReader(t *testing.T, p *proc, addr, request, counter string) {
 			quiet++
 		}
 	}
+	// What p's goroutines do at this point, shown should the connection be open: with
+	// MDPROXY_PPROF, else a 404.
+	stacks := adminGet(t, p, "/debug/pprof/goroutine?debug=1")
 	answers, err := countAnswers(c)
 	c.Close() // ends the writer, if it still waits
 	<-wrote
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() || answers >= int(sent.Load()) {
-		t.Errorf("answers unread for 4 s: the connection still open once read, %d of %d requests answered (%v); want it closed within twice the 1s body idle timeout",
-			answers, sent.Load(), err)
+		t.Errorf("answers unread for 4 s: the connection still open once read, %d of %d requests answered (%v); want it closed within twice the 1s body idle timeout; mdproxy's goroutines when the test started reading:\n%s",
+			answers, sent.Load(), err, stacks)
 	}
 	t.Logf("%d requests sent, %d answered before the connection ended (%v)", sent.Load(), answers, err)
+}
+
+// adminGet returns the body of GET path on p's admin listener, or the error.
+func adminGet(t *testing.T, p *proc, path string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), safety)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.adminURL+path, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.Status + "\n" + string(b)
 }
 
 // counted returns the sum of every series of the counter in p's /metrics.
