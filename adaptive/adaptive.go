@@ -158,7 +158,8 @@ type Controller struct {
 
 	rates       map[string]float64 // the rate of each route as last set or computed
 	lastRefused float64
-	failures    int // readings failed in a row
+	failures    int  // readings failed in a row
+	leading     bool // with a Fleet: this replica led at its last step
 }
 
 // errNoRates is a follower's step when no leader has published rates.
@@ -186,6 +187,14 @@ func (c *Controller) Step(ctx context.Context) {
 			return
 		}
 		c.Recorder.Leading(lead)
+		if lead != c.leading {
+			c.leading = lead
+			if lead {
+				c.Log.Info("adaptive limit: this replica now reads Core and sets the fleet's rates (it holds the lease on Redis)")
+			} else {
+				c.Log.Info("adaptive limit: this replica now follows the rates another one publishes on Redis")
+			}
+		}
 		if !lead {
 			c.follow(ctx, routes, refused)
 			return

@@ -23,7 +23,7 @@ type Adaptive struct {
 func NewAdaptive(reg prometheus.Registerer, routes []string) *Adaptive {
 	a := &Adaptive{
 		occupancy: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "adaptive_core_queue_occupancy",
-			Help: "Share of Core's scan queue in use at the adaptive limit's last reading of GET /stat/nodes (0 to 1)."}),
+			Help: "Share of Core's scan queue in use at the adaptive limit's last reading of GET /stat/nodes (0 to 1); 0 until the first reading."}),
 		rate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "adaptive_rate_requests_per_second",
 			Help: "Rate the adaptive limit set on the route, or in a dry run (MDPROXY_ADAPTIVE_DRY_RUN) would set; the limit in force is mdproxy_limit_rate_requests_per_second."},
 			[]string{"route"}),
