@@ -136,7 +136,7 @@ type Limits interface {
 type Recorder interface {
 	Occupied(occupancy float64)                    // each reading
 	Failed()                                       // each step without a reading
-	Leading(lead bool)                             // each step: whether this replica read Core
+	Leading(lead bool)                             // each step: whether this replica leads (reads Core); false without Redis's answer
 	Rate(route string, rate float64, atFloor bool) // each route's rate at each step (in a dry run, the rate it would set)
 	Adjusted(route, direction string)              // each change: up, down or reset
 }
@@ -182,6 +182,7 @@ func (c *Controller) Step(ctx context.Context) {
 		var others int64
 		var err error
 		if lead, others, err = c.Fleet.Lead(ctx); err != nil {
+			c.Recorder.Leading(false) // it reads no Core without the lease
 			c.failed(routes, fmt.Errorf("Redis: %w", err))
 			return
 		}
