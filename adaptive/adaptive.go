@@ -34,6 +34,10 @@ const HoldIntervals = 12
 type Route struct {
 	Name           string
 	Floor, Ceiling float64 // requests per second; 0 < Floor <= Ceiling
+	// InForce is the rate the route's bucket runs at now, in requests per second; 0
+	// when unknown. A bucket built anew (a reload that changed the route's limit) runs
+	// at its ceiling, whatever the controller set before.
+	InForce float64
 }
 
 // Next returns the rate after one interval at rate, given Core's queue occupancy (0 to
@@ -136,7 +140,7 @@ type Limits interface {
 type Recorder interface {
 	Occupied(occupancy float64)                    // each reading
 	Failed()                                       // each step without a reading
-	Leading(lead bool)                             // each step: whether this replica read Core
+	Leading(lead bool)                             // each step: whether this replica leads (reads Core); false without Redis's answer
 	Rate(route string, rate float64, atFloor bool) // each route's rate at each step (in a dry run, the rate it would set)
 	Adjusted(route, direction string)              // each change: up, down or reset
 }
@@ -183,6 +187,8 @@ func (c *Controller) Step(ctx context.Context) {
 		var others int64
 		var err error
 		if lead, others, err = c.Fleet.Lead(ctx); err != nil {
+			c.Recorder.Leading(false) // it reads no Core without the lease
+			c.leading = false
 			c.failed(routes, fmt.Errorf("Redis: %w", err))
 			return
 		}
@@ -273,7 +279,8 @@ func (c *Controller) rateOf(r Route) float64 {
 	return min(max(rate, r.Floor), r.Ceiling)
 }
 
-// move sets r's rate from rate to next, counted by direction when it changes.
+// move sets r's rate from rate to next, counted by direction when it changes, and puts
+// it in force again when the route's bucket runs at another (r.InForce).
 func (c *Controller) move(r Route, rate, next float64) {
 	switch {
 	case next < rate:
@@ -283,6 +290,9 @@ func (c *Controller) move(r Route, rate, next float64) {
 	default:
 		c.rates[r.Name] = next
 		c.Recorder.Rate(r.Name, next, next <= r.Floor)
+		if !c.DryRun && r.InForce > 0 && r.InForce != next {
+			c.Limits.Apply(r.Name, next) // the bucket was built anew at its ceiling
+		}
 	}
 }
 

@@ -58,8 +58,17 @@ type fakeLimits struct {
 	applied []float64
 }
 
-func (l *fakeLimits) Routes() []Route              { return l.routes }
-func (l *fakeLimits) Apply(_ string, rate float64) { l.applied = append(l.applied, rate) }
+func (l *fakeLimits) Routes() []Route { return slices.Clone(l.routes) }
+
+// Apply records rate and puts it in force on route.
+func (l *fakeLimits) Apply(route string, rate float64) {
+	l.applied = append(l.applied, rate)
+	for i := range l.routes {
+		if l.routes[i].Name == route {
+			l.routes[i].InForce = rate
+		}
+	}
+}
 
 type fakeRecorder struct {
 	failed     int
@@ -129,6 +138,30 @@ func TestControllerCoreRefused(t *testing.T) {
 	c.Step(context.Background())
 	if len(limits.applied) != 1 || limits.applied[0] != 5 {
 		t.Errorf("rates applied after Core's 503s = %v, want [5]", limits.applied)
+	}
+}
+
+// TestControllerAfterReload: a route whose bucket was built anew at its ceiling (a
+// reload that changed its limit) gets the controller's rate put in force again at the
+// next step, though the rate does not move; a dry run puts none in force.
+func TestControllerAfterReload(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		core := &fakeCore{steps: []reading{{occupancy: 1}, {occupancy: 1}, {occupancy: 1}, {occupancy: 1}}}
+		limits := &fakeLimits{routes: []Route{{Name: "file_result", Floor: 4, Ceiling: 10, InForce: 10}}}
+		c := &Controller{Core: core, Limits: limits, Recorder: &fakeRecorder{}, Target: 0.8, DryRun: dry,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		c.Step(context.Background()) // 10 -> 5
+		c.Step(context.Background()) // 5 -> the floor, 4
+		c.Step(context.Background()) // at the floor: nothing to put in force
+		limits.routes[0].InForce = 10
+		c.Step(context.Background()) // still 4, in force again
+		want := []float64{5, 4, 4}
+		if dry {
+			want = nil
+		}
+		if !slices.Equal(limits.applied, want) {
+			t.Errorf("dry run %t: rates applied = %v, want %v", dry, limits.applied, want)
+		}
 	}
 }
 

@@ -36,7 +36,7 @@ func NewAdaptive(reg prometheus.Registerer, routes []string) *Adaptive {
 		readErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "adaptive_read_errors_total",
 			Help: "Steps of the adaptive limit without a reading: Core's GET /stat/nodes failed (Core unreachable, 401/403, an answer that is not its JSON, a timeout) or, with Redis, Redis could not be reached or no replica published the rates."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "adaptive_leader",
-			Help: "1 while this replica reads Core for the adaptive limit (always without Redis; with it, while it holds the lease), 0 while it puts the rates another replica published in force."}),
+			Help: "1 while this replica reads Core for the adaptive limit (always without Redis; with it, while it holds the lease), 0 while it puts the rates another replica published in force or cannot reach Redis."}),
 	}
 	reg.MustRegister(a.occupancy, a.rate, a.atFloor, a.adjustments, a.readErrors, a.leader)
 	for _, r := range routes {
@@ -54,7 +54,7 @@ func (a *Adaptive) Occupied(occupancy float64) { a.occupancy.Set(occupancy) }
 // Failed counts a step without a reading.
 func (a *Adaptive) Failed() { a.readErrors.Inc() }
 
-// Leading records whether this replica read Core at the last step.
+// Leading records whether this replica led (read Core) at the last step.
 func (a *Adaptive) Leading(lead bool) {
 	v := 0.0
 	if lead {

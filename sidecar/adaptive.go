@@ -94,7 +94,11 @@ func (l adaptiveLimits) Routes() []adaptive.Route {
 	set := l.live.Load()
 	for _, name := range proxy.RouteNames() {
 		if lim, ok := set.Configured(name); ok && lim.Rate > 0 {
-			routes = append(routes, adaptive.Route{Name: name, Floor: lim.Floor(), Ceiling: lim.Rate})
+			r := adaptive.Route{Name: name, Floor: lim.Floor(), Ceiling: lim.Rate}
+			if b := set.Limiter(name); b != nil {
+				r.InForce = b.Limit().Rate
+			}
+			routes = append(routes, r)
 		}
 	}
 	return routes

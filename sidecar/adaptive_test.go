@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdproxy/mdproxy/adaptive"
 	"github.com/mdproxy/mdproxy/coresim"
 	"github.com/mdproxy/mdproxy/internal/redistest"
 	"github.com/mdproxy/mdproxy/internal/testkit/coretest"
 	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
+	"github.com/mdproxy/mdproxy/limiter"
 )
 
 // startAdaptiveCore starts the emulator in real time with one core and a queue of 20 files,
@@ -190,5 +192,32 @@ func TestAdaptiveReplicasOneRate(t *testing.T) {
 	}
 	for _, r := range reps {
 		waitMetric(t, r.adminURL, rate, func(v float64) bool { return v == 10 })
+	}
+}
+
+// TestAdaptiveLimitsInForce: the routes the adaptive limit sees carry the rate their
+// bucket runs at: the one it set, then, once a reload changed the route's limit and built
+// its bucket anew, the configured rate again.
+func TestAdaptiveLimitsInForce(t *testing.T) {
+	set, err := limiter.NewSet(map[string]limiter.Limit{"file_result": {Rate: 10}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live liveLimits
+	live.Store(set)
+	l := adaptiveLimits{live: &live}
+	if err := set.SetRate("file_result", 4); err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Routes(); len(r) != 1 || r[0] != (adaptive.Route{Name: "file_result", Floor: 1, Ceiling: 10, InForce: 4}) {
+		t.Errorf("routes after SetRate(4) = %+v, want file_result 1 to 10, 4 in force", r)
+	}
+	next, _, err := set.Update(map[string]limiter.Limit{"file_result": {Rate: 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Store(next)
+	if r := l.Routes(); len(r) != 1 || r[0] != (adaptive.Route{Name: "file_result", Floor: 2, Ceiling: 20, InForce: 20}) {
+		t.Errorf("routes after a reload to 20 = %+v, want file_result 2 to 20, 20 in force", r)
 	}
 }

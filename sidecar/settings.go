@@ -85,7 +85,7 @@ var settingDocs = []settingDoc{
 	{"LIMIT_STATUS", "Listeners and Core", "status", "", "",
 		"Status of a rejected request: `503` (as Core answers when busy) or `429`."},
 	{"ADAPTIVE", "Route limits", "true or false", "", "",
-		"Let the rate of every route with a rate follow Core's scan queue (docs/adaptive.md): read `GET /stat/nodes` every `MDPROXY_ADAPTIVE_INTERVAL`, lower the rates towards `_RATE_MIN` while the queue is fuller than `MDPROXY_ADAPTIVE_TARGET` or Core answers `503`, raise them back to `_RATE` while it is not. With `MDPROXY_REDIS_URL`, one replica reads Core and the others follow its rates."},
+		"Let the rate of every route with a rate follow Core's scan queue (docs/adaptive.md): read `GET /stat/nodes` every `MDPROXY_ADAPTIVE_INTERVAL`, lower the rates towards `_RATE_MIN` while the queue is fuller than `MDPROXY_ADAPTIVE_TARGET` or Core answers `503`, raise them back to `_RATE` while it is not. With `MDPROXY_REDIS_URL`, one replica reads Core and the others put its rates in force: set the adaptive settings alike on every replica."},
 	{"ADAPTIVE_INTERVAL", "Route limits", "duration", "", "",
 		"How often the adaptive limit reads Core's statistics and moves the rates."},
 	{"ADAPTIVE_TARGET", "Route limits", "share", "", "",
