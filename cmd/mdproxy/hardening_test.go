@@ -640,9 +640,8 @@ func TestSilentCallbackBodyCut(t *testing.T) {
 // short to stall on their own: a client that sends requests back to back (HTTP/1.1
 // pipelining) and reads none of the answers fills its socket buffers with them until
 // a write of the proxy blocks. Whether the answers are the proxy's own (the limit
-// answer, a refusal: on Linux the kernel cuts the connection, TCP_USER_TIMEOUT of twice
-// the body idle timeout) or short ones of Core's (a write deadline of the body idle
-// timeout), that write must be cut and the connection closed, or the client holds it,
+// answer, a refusal) or short ones of Core's, each has a write deadline of the body idle
+// timeout: that write must be cut and the connection closed, or the client holds it,
 // its goroutine and megabytes of socket buffers for ever.
 func TestStalledReaderOfShortAnswersCut(t *testing.T) {
 	up := newLoopback(t, func(w http.ResponseWriter, r *http.Request) {
