@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,12 +30,18 @@ func TestOwnAnswersToStalledReaderCut(t *testing.T) {
 	}
 	front := httptest.NewServer(p)
 	t.Cleanup(front.Close)
-	c, err := net.Dial("tcp", front.Listener.Addr().String())
+	// A receive buffer of 4 KiB, set before the connection is made (tcp(7): after
+	// connect(2) the size does not take effect).
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return errors.Join(err, serr)
+	}}
+	c, err := d.Dial("tcp", front.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.(*net.TCPConn).SetReadBuffer(4096)
 	var sent atomic.Int64
 	wrote := make(chan struct{})
 	go func() {

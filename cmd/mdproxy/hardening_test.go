@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +40,26 @@ func newLoopback(t *testing.T, h http.HandlerFunc) *httptest.Server {
 func dial(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, safety)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(safety))
+	return c.(*net.TCPConn)
+}
+
+// dialSmallReadBuffer is dial with a receive buffer of 4 KiB, so that answers left
+// unread soon block the proxy's writes. The size is set before the connection is made:
+// tcp(7) says a buffer size must be set before connect(2) to take effect; set after, the
+// window scale agreed at the handshake advertises room the buffer does not have.
+func dialSmallReadBuffer(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	d := net.Dialer{Timeout: safety, Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return errors.Join(err, serr)
+	}}
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)
 	}
@@ -314,8 +335,7 @@ func TestStalledReaderCut(t *testing.T) {
 		upstreamDone <- err
 	})
 	p := startBinary(t, up.URL, map[string]string{"MDPROXY_BODY_IDLE_TIMEOUT": "1s"})
-	c := dial(t, p.proxyAddr)
-	_ = c.SetReadBuffer(4096)
+	c := dialSmallReadBuffer(t, p.proxyAddr)
 	if _, err := io.WriteString(c, "GET /file/converted/x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -687,8 +707,7 @@ func stallReader(t *testing.T, p *proc, addr, request, counter string) {
 	// 4 MiB on Linux by default, a receive buffer to tcp_rmem's maximum; each answer is
 	// over 100 bytes): the writes stop when p stops reading, long before this.
 	const most = 2_000_000
-	c := dial(t, addr)
-	_ = c.SetReadBuffer(4096)
+	c := dialSmallReadBuffer(t, addr)
 	var sent atomic.Int64 // requests written
 	wrote := make(chan error, 1)
 	go func() {
