@@ -664,13 +664,22 @@ func TestCheckAdaptive(t *testing.T) {
 	}{
 		{"better on one each", []Figures{fig("Rate-10", 28.5, 28.7), fig("Rate-1", 27.6, 51.6), adaptive}, ""},
 		{"a tie on both", []Figures{fig("Rate-10", 28, 29), adaptive}, "Rate-10 is as good as Adaptive on both"},
-		{"better on both", []Figures{fig("Proxy-20", 27.9, 28.9), fig("Rate-50", 36, 36), adaptive}, "Proxy-20 is as good"},
-		{"not fixed rates", []Figures{fig("Bridge", 27, 27), fig("Webhook", 27, 27), fig("No-limit", 27, 27), adaptive}, "no Adaptive case beside a fixed-rate one"},
+		{"better on both", []Figures{fig("Rate-20", 27.9, 28.9), fig("Rate-50", 36, 36), adaptive}, "Rate-20 is as good"},
+		{"mdproxy's fixed rates apart", []Figures{fig("Proxy-10", 27.9, 28.9), fig("Rate-10", 28.5, 28.7), adaptive}, ""},
+		{"not fixed rates", []Figures{fig("Bridge", 27, 27), fig("Webhook", 27, 27), fig("No-limit", 27, 27), fig("Proxy-10", 28.1, 30), adaptive}, "no Adaptive case beside a fixed-rate one"},
 		{"no Adaptive", []Figures{fig("Rate-10", 28, 29)}, "no Adaptive case"},
 	} {
 		err := CheckAdaptive(tc.figs)
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: CheckAdaptive = %v, want %q", tc.name, err, tc.want)
 		}
+	}
+	lines := AdaptiveBesideProxy([]Figures{fig("Proxy-10", 27.9, 28.9), fig("Proxy-1", 27.5, 50), fig("Rate-10", 28.5, 28.7), fig("Bridge", 27, 27), adaptive})
+	want := []string{
+		"Proxy-10 (mdproxy's fixed rate): Core 27.90 min against Adaptive's 28.00, last result 28.90 against 29.00: as good on both",
+		"Proxy-1 (mdproxy's fixed rate): Core 27.50 min against Adaptive's 28.00, last result 50.00 against 29.00: not as good on both",
+	}
+	if !slices.Equal(lines, want) {
+		t.Errorf("AdaptiveBesideProxy = %q, want %q", lines, want)
 	}
 }

@@ -200,7 +200,7 @@ func TestFromJSON(t *testing.T) {
 	if out := stdout.String(); !strings.Contains(out, "| Rate-10 | 28.6 |") || !strings.Contains(out, "| 9.50 |  |\n") {
 		t.Errorf("--from-json table:\n%s\nwant Rate-10's row and Adaptive's rate", out)
 	}
-	if !strings.Contains(stderr.String(), "adaptive: no fixed-rate case is as good as Adaptive") {
+	if !strings.Contains(stderr.String(), "adaptive: no fixed-rate case of the published trade-off (Rate-N) is as good as Adaptive") {
 		t.Errorf("--from-json stderr %q, want the Adaptive comparison", stderr.String())
 	}
 	if st, err := os.Stat(chart); err != nil || st.Size() == 0 {
