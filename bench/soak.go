@@ -348,19 +348,26 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakResult, error) {
 func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *child.Proc, log *procLog, core *coresim.Server) error {
 	scraper := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	metricsURL := "http://" + proc.Field("admin") + "/metrics"
-	sample := func(t time.Duration, phase string) (SoakSample, error) {
+	scrape := func() (SoakSample, error) {
 		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
-		if err != nil {
-			if proc.Exited() {
-				return s, fmt.Errorf("mdproxy exited (%s): %s", stopMdproxy(proc), log.tail())
-			}
-			return s, err
+		if err != nil && proc.Exited() {
+			return s, fmt.Errorf("mdproxy exited (%s): %s", stopMdproxy(proc), log.tail())
 		}
+		return s, err
+	}
+	record := func(s SoakSample, t time.Duration, phase string) SoakSample {
 		s.T, s.Phase = t.Seconds(), phase
 		res.Samples = append(res.Samples, s)
 		cfg.progress(fmt.Sprintf("%-8s %7v  rss %6.1f MiB  heap %6.1f MiB  goroutines %4.0f  fds %4.0f  requests %6.0f",
 			phase, t.Round(time.Second), s.RSSBytes/(1<<20), s.HeapInuseBytes/(1<<20), s.Goroutines, s.OpenFDs, sumValues(s.Requests)))
-		return s, nil
+		return s
+	}
+	sample := func(t time.Duration, phase string) (SoakSample, error) {
+		s, err := scrape()
+		if err != nil {
+			return s, err
+		}
+		return record(s, t, phase), nil
 	}
 	base, err := sample(0, "baseline")
 	if err != nil {
@@ -399,15 +406,17 @@ func soakPhases(ctx context.Context, cfg SoakConfig, res *SoakResult, proc *chil
 	core.CloseIdle()
 	deadline := time.Now().Add(cfg.IdleWait)
 	for {
-		s, err := scrapeMdproxy(ctx, scraper, metricsURL)
+		s, err := scrape()
 		if err != nil {
 			return err
 		}
 		settled := s.Goroutines <= base.Goroutines+SoakTolerances["idle goroutines"].Abs &&
 			s.OpenFDs <= base.OpenFDs+SoakTolerances["idle open_fds"].Abs
 		if settled || time.Now().After(deadline) {
-			_, err := sample(time.Since(start), "idle")
-			return err
+			// The sample that settled is the idle one: another scrape could count a
+			// connection of its own, or one closing, that this one did not.
+			record(s, time.Since(start), "idle")
+			return nil
 		}
 		select {
 		case <-ctx.Done():
