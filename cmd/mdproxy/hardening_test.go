@@ -50,8 +50,9 @@ func dial(t *testing.T, addr string) *net.TCPConn {
 
 // dialSmallReadBuffer is dial with a receive buffer of 4 KiB, so that answers left
 // unread soon block the proxy's writes. The size is set before the connection is made:
-// tcp(7) says a buffer size must be set before connect(2) to take effect; set after, the
-// window scale agreed at the handshake advertises room the buffer does not have.
+// tcp(7) says a buffer size must be set before connect(2) to take effect. Set after, a
+// run under load could end with the proxy waiting for requests the client's kernel
+// still held.
 func dialSmallReadBuffer(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
 	d := net.Dialer{Timeout: safety, Control: func(_, _ string, c syscall.RawConn) error {
