@@ -2,18 +2,17 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mdproxy/mdproxy/bridge"
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/metrics"
 )
 
@@ -54,11 +53,7 @@ func slowReadStoredAnswer(t *testing.T) bool {
 	base := front.URL
 	// A small receive buffer, so that the answer waits in the proxy's send buffer
 	// (at most 4 MiB) and its writes, for the client's reads.
-	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return errors.Join(err, serr)
-	}}
+	dialer := &net.Dialer{Control: sidecartest.ReceiveBuffer(4096)}
 	tr := &http.Transport{DialContext: dialer.DialContext}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Timeout: time.Minute, Transport: tr}

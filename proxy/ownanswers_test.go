@@ -7,12 +7,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mdproxy/mdproxy/internal/testkit/sidecartest"
 	"github.com/mdproxy/mdproxy/limiter"
 	"github.com/mdproxy/mdproxy/metrics"
 )
@@ -30,13 +30,7 @@ func TestOwnAnswersToStalledReaderCut(t *testing.T) {
 	}
 	front := httptest.NewServer(p)
 	t.Cleanup(front.Close)
-	// A receive buffer of 4 KiB, set before the connection is made (tcp(7): after
-	// connect(2) the size does not take effect).
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return errors.Join(err, serr)
-	}}
+	d := net.Dialer{Control: sidecartest.ReceiveBuffer(4096)}
 	c, err := d.Dial("tcp", front.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)

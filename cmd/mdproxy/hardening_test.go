@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -48,18 +47,13 @@ func dial(t *testing.T, addr string) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
-// dialSmallReadBuffer is dial with a receive buffer of 4 KiB, so that answers left
-// unread soon block the proxy's writes. The size is set before the connection is made:
-// tcp(7) says a buffer size must be set before connect(2) to take effect. Set after, a
-// run under load could end with the proxy waiting for requests the client's kernel
-// still held.
+// dialSmallReadBuffer is dial with a receive buffer of 4 KiB, set before the connection
+// is made (sidecartest.ReceiveBuffer), so that answers left unread soon block the proxy's
+// writes. Set after, a run under load could end with the proxy waiting for requests the
+// client's kernel still held.
 func dialSmallReadBuffer(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
-	d := net.Dialer{Timeout: safety, Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return errors.Join(err, serr)
-	}}
+	d := net.Dialer{Timeout: safety, Control: sidecartest.ReceiveBuffer(4096)}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)

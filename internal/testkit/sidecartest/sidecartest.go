@@ -2,8 +2,8 @@
 // sidecar, through Run) and black-box (cmd/mdproxy, through the built binary): a
 // stand-in for Core that records what it receives, a log buffer that tells when a line
 // was written, uploads of deterministic payloads checked byte for byte, the one reader
-// of metrics (Metrics, of a registry or a /metrics page), a checker of JSON logs and
-// a made-up PKI. It is for tests only.
+// of metrics (Metrics, of a registry or a /metrics page), a checker of JSON logs, a
+// made-up PKI and a dialer's small receive buffer (ReceiveBuffer). It is for tests only.
 package sidecartest
 
 import (
